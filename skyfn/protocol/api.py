@@ -1,0 +1,137 @@
+"""Request and response bodies of the REST API, shared by the service and the SDK.
+
+The service validates requests against these models (and serves them in its OpenAPI
+document); the SDK builds requests with them. Buffers are serialize.py's text form.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_BATCH = 20_000          # tasks in one POST /tasks
+MAX_STATUS_IDS = 20_000     # ids in one POST /tasks/status
+MAX_WAIT_SECONDS = 20.0     # long-poll ceiling, under API Gateway's 29 s
+MAX_PAYLOAD_BYTES = 1 << 20  # one task's argument buffer inline
+MAX_FUNCTION_BYTES = 256 << 10
+MAX_REQUEST_BYTES = 10 << 20  # API Gateway's payload limit
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RegisterFunction(_Body):
+    function: str = Field(min_length=1, max_length=MAX_FUNCTION_BYTES, description="serialized function buffer")
+    name: Optional[str] = Field(default=None, max_length=256)
+    tag: Optional[str] = Field(default=None, pattern=NAME_PATTERN)
+    container: Optional[str] = Field(default=None, max_length=512)
+
+
+class FunctionInfo(BaseModel):
+    function_id: str
+    name: Optional[str] = None
+    owner: str
+    tag: Optional[str] = None
+    container: Optional[str] = None
+    created: float
+    function: Optional[str] = None
+
+
+class FunctionCreated(BaseModel):
+    function_id: str
+
+
+class QueueDescriptor(BaseModel):
+    """How an agent reaches a queue: a Redis stream or an SQS queue."""
+
+    kind: Literal["redis", "sqs"]
+    name: str = Field(description="stream key or queue name")
+    url: str = Field(description="redis:// URL or SQS queue URL")
+
+
+class RegisterEndpoint(_Body):
+    name: str = Field(pattern=NAME_PATTERN)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class EndpointInfo(BaseModel):
+    endpoint_id: str
+    name: str
+    owner: str
+    status: Literal["online", "offline", "new"]
+    last_heartbeat: Optional[float] = None
+    created: float
+    backlog: int = 0
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class EndpointRegistered(EndpointInfo):
+    task_queue: QueueDescriptor
+    results_queue: QueueDescriptor
+
+
+class EndpointList(BaseModel):
+    endpoints: list[EndpointInfo]
+
+
+class Heartbeat(_Body):
+    stats: dict[str, Any] = Field(default_factory=dict)
+
+
+class TaskRequest(_Body):
+    function_id: str = Field(min_length=1, max_length=64)
+    payload: str = Field(max_length=MAX_PAYLOAD_BYTES, description="serialized (args, kwargs) buffer")
+    endpoint_id: Optional[str] = Field(default=None, max_length=64, description="overrides the batch's endpoint")
+    container: Optional[str] = Field(default=None, max_length=512)
+    max_retries: Optional[int] = Field(default=None, ge=0, le=100)
+    walltime: Optional[float] = Field(default=None, gt=0, le=7 * 24 * 3600)
+
+
+class SubmitTasks(_Body):
+    endpoint_id: Optional[str] = Field(default=None, max_length=64)
+    idempotency_key: Optional[str] = Field(default=None, min_length=1, max_length=128)
+    max_retries: int = Field(default=3, ge=0, le=100)
+    tasks: list[TaskRequest] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class Submitted(BaseModel):
+    submission_id: str
+    task_ids: list[str]
+    replayed: bool = Field(default=False, description="true when the idempotency key matched an earlier request")
+
+
+class StatusRequest(_Body):
+    task_ids: list[str] = Field(min_length=1, max_length=MAX_STATUS_IDS)
+    wait: float = Field(default=0.0, ge=0.0, le=MAX_WAIT_SECONDS, description="long-poll until one is final")
+    include_events: bool = False
+
+
+class TaskStatus(BaseModel):
+    task_id: str
+    state: str
+    result: Optional[str] = None
+    error: Optional[str] = None
+    reason: Optional[str] = None
+    retries: int = 0
+    events: Optional[list[tuple[str, float]]] = None
+
+
+class StatusResponse(BaseModel):
+    tasks: dict[str, TaskStatus]
+    unknown: list[str] = Field(default_factory=list)
+
+
+class TaskInfo(TaskStatus):
+    function_id: str
+    endpoint_id: str
+    submission_id: str
+    owner: str
+    created: float
+
+
+class ErrorBody(BaseModel):
+    error: str
+    message: str
+    details: Optional[Any] = None

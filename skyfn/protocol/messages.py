@@ -1,0 +1,59 @@
+"""Messages between the service and endpoint agents.
+
+Tasks travel to an agent packed: one queue message carries a TaskPack of many tasks and
+the bodies of the functions they call, so the agent needs no other lookup. Agents send
+back ResultPacks on the results queue: final results plus progress updates (DISPATCHED,
+RUNNING, lease extensions), coalesced so a task that finishes quickly costs one record.
+"""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# A task pack stays well below the SQS message limit (1 MiB) after JSON encoding.
+PACK_MAX_TASKS = 512
+PACK_MAX_BYTES = 512 * 1024
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=False)
+
+
+class TaskSpec(_Msg):
+    task_id: str
+    function_id: str
+    payload: str = Field(description="serialized (args, kwargs) buffer")
+    container: Optional[str] = None
+    walltime: Optional[float] = None
+
+
+class TaskPack(_Msg):
+    pack_id: str
+    endpoint_id: str
+    functions: dict[str, str] = Field(default_factory=dict, description="function_id -> serialized body")
+    tasks: list[TaskSpec]
+
+
+class TaskUpdate(_Msg):
+    """Progress of a task that has not finished yet. LEASE extends the lease only."""
+
+    task_id: str
+    state: Literal["DISPATCHED", "RUNNING", "LEASE"]
+    ts: float
+    lease_seconds: float = 60.0
+
+
+class TaskResult(_Msg):
+    task_id: str
+    state: Literal["SUCCEEDED", "FAILED", "TIMED_OUT"]
+    result: Optional[str] = Field(default=None, description="serialized return value")
+    error: Optional[str] = Field(default=None, description="wrapped remote exception")
+    reason: Optional[str] = Field(default=None, description="why it failed, when not an exception")
+    events: list[tuple[str, float]] = Field(default_factory=list, description="agent-side events")
+
+
+class ResultPack(_Msg):
+    endpoint_id: str
+    results: list[TaskResult] = Field(default_factory=list)
+    updates: list[TaskUpdate] = Field(default_factory=list)

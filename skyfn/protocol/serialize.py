@@ -1,0 +1,300 @@
+"""The serialization facade: ordered strategies, and a header that names the one used.
+
+A buffer is text: ``"<strategy> <python-version>\\n<body>"``. Binary bodies are base64.
+The first strategy that succeeds wins; only the receiving side decodes, and it knows
+which strategy to use from the header. Errors on decoding name the strategy, the Python
+versions on both sides and what to do about it.
+
+Data strategies, in order: json (plain data, exact round trip), arrow (pyarrow tables),
+pickle, dill, cloudpickle. Code strategies, in order: source (survives a change of
+Python version), dill, cloudpickle.
+"""
+from __future__ import annotations
+
+import base64
+import builtins
+import inspect
+import io
+import json
+import pickle
+import sys
+import textwrap
+import types
+from typing import Any, Callable
+
+from skyfn.protocol.errors import DeserializationError, SerializationError
+
+PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+class Strategy:
+    """One way of turning objects into text and back."""
+
+    name: str = ""
+    binary = True
+
+    def dumps(self, obj: Any) -> bytes | str:
+        raise SerializationError(f"{self.name} cannot serialize {type(obj).__name__}")
+
+    def loads(self, body: bytes | str) -> Any:
+        raise DeserializationError(f"{self.name} cannot deserialize")
+
+
+class JsonStrategy(Strategy):
+    """Plain data only, and only when it round-trips exactly (no tuples, no int keys)."""
+
+    name = "json"
+    binary = False
+
+    @staticmethod
+    def _plain(obj: Any, depth: int = 0) -> bool:
+        if depth > 100:
+            return False
+        t = type(obj)
+        if t in _JSON_SCALARS:
+            return not (t is float and obj != obj)  # NaN does not round-trip as equal
+        if t is list:
+            return all(JsonStrategy._plain(x, depth + 1) for x in obj)
+        if t is dict:
+            return all(type(k) is str and JsonStrategy._plain(v, depth + 1) for k, v in obj.items())
+        return False
+
+    def dumps(self, obj: Any) -> str:
+        if not self._plain(obj):
+            raise SerializationError("not plain JSON data")
+        return json.dumps(obj, separators=(",", ":"), allow_nan=True)
+
+    def loads(self, body: str) -> Any:
+        return json.loads(body)
+
+
+class ArrowStrategy(Strategy):
+    """pyarrow Tables and RecordBatches as Arrow IPC streams."""
+
+    name = "arrow"
+
+    def dumps(self, obj: Any) -> bytes:
+        mod = type(obj).__module__
+        if not mod.startswith("pyarrow"):
+            raise SerializationError("not an Arrow table")
+        import pyarrow as pa
+
+        if isinstance(obj, pa.RecordBatch):
+            obj = pa.Table.from_batches([obj])
+        if not isinstance(obj, pa.Table):
+            raise SerializationError("not an Arrow table")
+        sink = io.BytesIO()
+        with pa.ipc.new_stream(sink, obj.schema) as writer:
+            writer.write_table(obj)
+        return sink.getvalue()
+
+    def loads(self, body: bytes) -> Any:
+        import pyarrow as pa
+
+        return pa.ipc.open_stream(body).read_all()
+
+
+class PickleStrategy(Strategy):
+    """Standard pickle; refused for anything that refers to __main__ (the receiver has
+    a different __main__), so dill can carry it by value instead."""
+
+    name = "pickle"
+
+    def dumps(self, obj: Any) -> bytes:
+        if isinstance(obj, (types.FunctionType, types.LambdaType, type)):
+            raise SerializationError("code goes through the code strategies")
+        data = pickle.dumps(obj, protocol=5)
+        if b"__main__" in data:
+            raise SerializationError("refers to __main__")
+        return data
+
+    def loads(self, body: bytes) -> Any:
+        return pickle.loads(body)
+
+
+class DillStrategy(Strategy):
+    name = "dill"
+
+    def dumps(self, obj: Any) -> bytes:
+        import dill
+
+        return dill.dumps(obj, protocol=4, recurse=True)
+
+    def loads(self, body: bytes) -> Any:
+        import dill
+
+        return dill.loads(body)
+
+
+class CloudpickleStrategy(Strategy):
+    name = "cloudpickle"
+
+    def dumps(self, obj: Any) -> bytes:
+        import cloudpickle
+
+        return cloudpickle.dumps(obj, protocol=4)
+
+    def loads(self, body: bytes) -> Any:
+        import cloudpickle  # noqa: F401  (registers reducers it may need)
+
+        return pickle.loads(body)
+
+
+class SourceStrategy(Strategy):
+    """A function as its source text plus the globals it uses (modules, other top-level
+    functions by source, plain constants, importable names). Bytecode-free, so it
+    survives a change of Python version between client and worker. Refuses lambdas,
+    closures, decorated functions and globals it cannot describe."""
+
+    name = "source"
+    binary = False
+
+    def dumps(self, fn: Any) -> str:
+        if not isinstance(fn, types.FunctionType):
+            raise SerializationError("not a function")
+        spec: dict[str, Any] = {"name": fn.__name__, "functions": [], "globals": {}}
+        self._collect(fn, spec, seen=set())
+        return json.dumps(spec, separators=(",", ":"))
+
+    def _collect(self, fn: types.FunctionType, spec: dict, seen: set) -> None:
+        if fn.__name__ == "<lambda>" or fn.__closure__ or "<locals>" in fn.__qualname__:
+            raise SerializationError("lambdas, closures and nested functions have no standalone source")
+        seen.add(fn.__name__)
+        try:
+            src = textwrap.dedent(inspect.getsource(fn))
+        except (OSError, TypeError) as exc:
+            raise SerializationError(f"source unavailable: {exc}") from exc
+        if src.lstrip().startswith("@"):
+            raise SerializationError("decorated functions are carried by value")
+        for name in sorted(self._global_names(fn.__code__)):
+            if name in spec["globals"] or name in seen or name not in fn.__globals__:
+                continue
+            value = fn.__globals__[name]
+            if isinstance(value, types.ModuleType):
+                spec["globals"][name] = ["module", value.__name__]
+            elif isinstance(value, types.FunctionType) and value.__module__ == fn.__module__:
+                self._collect(value, spec, seen)
+            elif JsonStrategy._plain(value):
+                spec["globals"][name] = ["const", value]
+            else:
+                module = getattr(value, "__module__", None)
+                qualname = getattr(value, "__qualname__", None)
+                if not module or module == "__main__" or not qualname or "<" in qualname:
+                    raise SerializationError(f"global {name!r} cannot be described by source")
+                spec["globals"][name] = ["import", module, qualname]
+        spec["functions"].append(src)
+
+    @staticmethod
+    def _global_names(code: types.CodeType) -> set[str]:
+        names = set(code.co_names)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                names |= SourceStrategy._global_names(const)
+        return names
+
+    def loads(self, body: str) -> Callable:
+        import importlib
+
+        spec = json.loads(body)
+        namespace: dict[str, Any] = {"__builtins__": builtins, "__name__": "__skyfn_source__"}
+        for name, entry in spec["globals"].items():
+            kind = entry[0]
+            if kind == "module":
+                namespace[name] = importlib.import_module(entry[1])
+            elif kind == "const":
+                namespace[name] = entry[1]
+            else:
+                obj: Any = importlib.import_module(entry[1])
+                for part in entry[2].split("."):
+                    obj = getattr(obj, part)
+                namespace[name] = obj
+        for src in spec["functions"]:
+            exec(compile(src, f"<skyfn source of {spec['name']}>", "exec"), namespace)
+        return namespace[spec["name"]]
+
+
+STRATEGIES: dict[str, Strategy] = {
+    s.name: s
+    for s in (JsonStrategy(), ArrowStrategy(), PickleStrategy(), DillStrategy(), CloudpickleStrategy(), SourceStrategy())
+}
+DATA_ORDER = ("json", "arrow", "pickle", "dill", "cloudpickle")
+CODE_ORDER = ("source", "dill", "cloudpickle")
+
+_FIXES = {
+    "json": "the buffer is corrupt; submit the task again",
+    "arrow": "install pyarrow on this side (pip install pyarrow) or send plain Python data",
+    "pickle": "use the same Python and library versions on client and endpoint, or send plain JSON data",
+    "dill": "use the same Python and dill versions on client and endpoint, or define the function at "
+    "module top level so the version-independent 'source' strategy can carry it",
+    "cloudpickle": "use the same Python and cloudpickle versions on client and endpoint, or define the "
+    "function at module top level so the version-independent 'source' strategy can carry it",
+    "source": "the function's source uses a module or name that is not importable here: install it on "
+    "the endpoint, or import it inside the function",
+}
+
+
+def _encode(strategy: Strategy, body: bytes | str) -> str:
+    text = base64.b64encode(body).decode("ascii") if strategy.binary else body
+    return f"{strategy.name} {PYTHON_VERSION}\n{text}"
+
+
+def _dumps(obj: Any, order: tuple[str, ...]) -> str:
+    reasons = []
+    for name in order:
+        strategy = STRATEGIES[name]
+        try:
+            return _encode(strategy, strategy.dumps(obj))
+        except Exception as exc:  # any failure means: try the next strategy
+            reasons.append(f"{name}: {exc}")
+    raise SerializationError(
+        f"no strategy could serialize {type(obj).__name__} ({'; '.join(reasons)}). "
+        "Make it picklable, or pass plain data (numbers, strings, lists, dicts)."
+    )
+
+
+def serialize(obj: Any) -> str:
+    """Serialize data (arguments, results)."""
+    return _dumps(obj, DATA_ORDER)
+
+
+def serialize_function(fn: Callable) -> str:
+    """Serialize code: source first (portable across Python versions), then by value."""
+    if not callable(fn):
+        raise SerializationError(f"expected a function, got {type(fn).__name__}")
+    return _dumps(fn, CODE_ORDER)
+
+
+def strategy_of(buffer: str) -> str:
+    return buffer.split(" ", 1)[0]
+
+
+def deserialize(buffer: str) -> Any:
+    header, sep, text = buffer.partition("\n")
+    name, _, version = header.partition(" ")
+    strategy = STRATEGIES.get(name)
+    if not sep or strategy is None:
+        raise DeserializationError(
+            f"unknown serialization header {header[:40]!r}: this buffer was not made by skyfn's "
+            f"serializer, or by a newer skyfn; known strategies are {', '.join(STRATEGIES)}. "
+            "Upgrade skyfn on this side to the sender's version."
+        )
+    try:
+        body = base64.b64decode(text) if strategy.binary else text
+        return strategy.loads(body)
+    except Exception as exc:
+        raise DeserializationError(
+            f"could not deserialize with strategy '{name}': {type(exc).__name__}: {exc}. "
+            f"Serialized by Python {version or 'unknown'}, deserializing on Python {PYTHON_VERSION}. "
+            f"Fix: {_FIXES[name]}."
+        ) from exc
+
+
+def pack_args(args: tuple, kwargs: dict) -> str:
+    """One buffer for a call's positional and keyword arguments."""
+    return serialize({"a": list(args), "k": dict(kwargs)})
+
+
+def unpack_args(buffer: str) -> tuple[tuple, dict]:
+    data = deserialize(buffer)
+    return tuple(data["a"]), data["k"]
