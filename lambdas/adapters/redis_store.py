@@ -1,0 +1,333 @@
+"""The hot task store in Redis: task records (payload, state, events, result), the
+idempotency keys, lease deadlines, completion notifications and the history outbox.
+
+Every state change is an atomic compare-and-set in a Lua script that takes a whole
+batch at once, so a batch of 10,000 tasks costs a handful of round trips. Key layout:
+
+  t:<task>         hash: o owner, f function, e endpoint, sub submission, s state,
+                   r retries, mr max retries, c created, p payload, ev events
+                   ('STATE@ts;' appended), res result, err error, why reason,
+                   rt retrieved at, h 1 once written to the durable history
+  leases           zset task -> lease deadline (DISPATCHED/RUNNING tasks)
+  purge            zset task -> time its record may be dropped from Redis
+  done:<owner>     stream of completed task ids, read by long-polling status calls
+  outbox           list of history records to write to DynamoDB off the hot path
+  idem:<owner>:<k> cached answer of a submission with an idempotency key
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import orjson
+import redis
+
+from skyfn.protocol.states import parse_events
+
+_CREATE = """
+local now = ARGV[2]
+local tasks = cjson.decode(ARGV[1])
+local owner, sub = ARGV[3], ARGV[4]
+for i, t in ipairs(tasks) do
+  redis.call('HSET', 't:' .. t[1], 'o', owner, 'f', t[2], 'e', t[3], 'sub', sub, 's', 'QUEUED',
+             'r', 0, 'mr', t[5], 'c', now, 'p', t[4], 'ev', 'CREATED@' .. now .. ';QUEUED@' .. ARGV[5] .. ';')
+end
+return #tasks
+"""
+
+# A final state is written once; duplicates (redelivered packs) are counted and ignored.
+_FINISH = """
+local rows = cjson.decode(ARGV[1])
+local now = ARGV[2]
+local done = {}
+local stored, dup, unknown = 0, 0, 0
+for i, r in ipairs(rows) do
+  local key = 't:' .. r[1]
+  local s = redis.call('HGET', key, 's')
+  if not s then
+    unknown = unknown + 1
+  elseif s == 'SUCCEEDED' or s == 'FAILED' or s == 'TIMED_OUT' or s == 'CANCELLED' then
+    dup = dup + 1
+  else
+    redis.call('HSET', key, 's', r[2])
+    if r[3] ~= cjson.null then redis.call('HSET', key, 'res', r[3]) end
+    if r[4] ~= cjson.null then redis.call('HSET', key, 'err', r[4]) end
+    if r[5] ~= cjson.null then redis.call('HSET', key, 'why', r[5]) end
+    redis.call('HSET', key, 'ev', (redis.call('HGET', key, 'ev') or '') .. r[6] .. r[2] .. '@' .. now .. ';STORED@' .. now .. ';')
+    redis.call('HDEL', key, 'p')
+    redis.call('ZREM', 'leases', r[1])
+    redis.call('ZADD', 'purge', tonumber(now) + tonumber(ARGV[3]), r[1])
+    redis.call('RPUSH', 'outbox', r[1])
+    local owner = redis.call('HGET', key, 'o')
+    if not done[owner] then done[owner] = {} end
+    table.insert(done[owner], r[1])
+    stored = stored + 1
+  end
+end
+for owner, ids in pairs(done) do
+  redis.call('XADD', 'done:' .. owner, 'MAXLEN', '~', 10000, '*', 'ids', table.concat(ids, ','))
+  redis.call('EXPIRE', 'done:' .. owner, 86400)
+end
+return {stored, dup, unknown}
+"""
+
+_RANK = "{CREATED=0, QUEUED=1, DISPATCHED=2, RUNNING=3}"
+
+# Progress never moves a task backwards; LEASE only extends a live lease.
+_PROGRESS = """
+local rank = """ + _RANK + """
+local rows = cjson.decode(ARGV[1])
+local now = tonumber(ARGV[2])
+local applied = 0
+for i, u in ipairs(rows) do
+  local key = 't:' .. u[1]
+  local s = redis.call('HGET', key, 's')
+  if s and rank[s] ~= nil then
+    if u[2] ~= 'LEASE' and rank[u[2]] > rank[s] then
+      redis.call('HSET', key, 's', u[2], 'ev', (redis.call('HGET', key, 'ev') or '') .. u[2] .. '@' .. u[3] .. ';')
+      redis.call('ZADD', 'leases', now + u[4], u[1])
+      applied = applied + 1
+    elseif s == 'DISPATCHED' or s == 'RUNNING' then
+      redis.call('ZADD', 'leases', now + u[4], u[1])
+      applied = applied + 1
+    end
+  end
+end
+return applied
+"""
+
+# Expired leases: back to QUEUED with one more retry, or FAILED past the retry budget.
+_EXPIRE = """
+local now = ARGV[1]
+local ids = redis.call('ZRANGEBYSCORE', 'leases', '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+local requeued, failed = 0, 0
+for i, id in ipairs(ids) do
+  redis.call('ZREM', 'leases', id)
+  local key = 't:' .. id
+  local s = redis.call('HGET', key, 's')
+  if s == 'DISPATCHED' or s == 'RUNNING' then
+    local r = redis.call('HINCRBY', key, 'r', 1)
+    local mr = tonumber(redis.call('HGET', key, 'mr') or '0')
+    if r > mr then
+      redis.call('HSET', key, 's', 'FAILED', 'why', 'lease expired ' .. r .. ' times (the endpoint agent running it was lost); retry budget max_retries=' .. mr .. ' exhausted',
+                 'ev', (redis.call('HGET', key, 'ev') or '') .. 'FAILED@' .. now .. ';')
+      redis.call('HDEL', key, 'p')
+      redis.call('ZADD', 'purge', tonumber(now) + tonumber(ARGV[3]), id)
+      redis.call('RPUSH', 'outbox', id)
+      local owner = redis.call('HGET', key, 'o')
+      redis.call('XADD', 'done:' .. owner, 'MAXLEN', '~', 10000, '*', 'ids', id)
+      failed = failed + 1
+    else
+      redis.call('HSET', key, 's', 'QUEUED', 'ev', (redis.call('HGET', key, 'ev') or '') .. 'QUEUED@' .. now .. ';')
+      requeued = requeued + 1
+    end
+  end
+end
+return {requeued, failed}
+"""
+
+_CANCEL = """
+local key = 't:' .. ARGV[1]
+local s = redis.call('HGET', key, 's')
+if not s then return false end
+if redis.call('HGET', key, 'o') ~= ARGV[2] then return false end
+if s == 'SUCCEEDED' or s == 'FAILED' or s == 'TIMED_OUT' or s == 'CANCELLED' then return s end
+redis.call('HSET', key, 's', 'CANCELLED', 'why', 'cancelled by its owner',
+           'ev', (redis.call('HGET', key, 'ev') or '') .. 'CANCELLED@' .. ARGV[3] .. ';')
+redis.call('HDEL', key, 'p')
+redis.call('ZREM', 'leases', ARGV[1])
+redis.call('ZADD', 'purge', tonumber(ARGV[3]) + tonumber(ARGV[4]), ARGV[1])
+redis.call('RPUSH', 'outbox', ARGV[1])
+redis.call('XADD', 'done:' .. ARGV[2], 'MAXLEN', '~', 10000, '*', 'ids', ARGV[1])
+return 'OK'
+"""
+
+# Status read: owner-checked; final tasks are marked retrieved and scheduled for purge.
+_STATUS = """
+local ids = cjson.decode(ARGV[1])
+local owner, now, ttl, with_events = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5] == '1'
+local out = {}
+for i, id in ipairs(ids) do
+  local key = 't:' .. id
+  local v = redis.call('HMGET', key, 'o', 's', 'res', 'err', 'why', 'r', 'ev')
+  if v[1] ~= owner then
+    out[i] = false
+  else
+    local s = v[2]
+    if s == 'SUCCEEDED' or s == 'FAILED' or s == 'TIMED_OUT' or s == 'CANCELLED' then
+      if ARGV[6] == '1' and redis.call('HSETNX', key, 'rt', now) == 1 then
+        redis.call('ZADD', 'purge', now + ttl, id)
+      end
+    end
+    if not with_events then v[7] = false end
+    out[i] = {s, v[3] or false, v[4] or false, v[5] or false, v[6] or '0', v[7] or false}
+  end
+end
+return out
+"""
+
+
+@dataclass
+class TaskRow:
+    task_id: str
+    state: str
+    result: str | None
+    error: str | None
+    reason: str | None
+    retries: int
+    events: list[tuple[str, float]] | None
+
+
+FINAL = frozenset({"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED"})
+
+
+def _s(v: Any) -> str | None:
+    if v is None or v is False:
+        return None
+    return v.decode() if isinstance(v, bytes) else v
+
+
+class TaskStore:
+    """Batch operations on the hot task store."""
+
+    def __init__(self, client: redis.Redis, result_ttl: float = 600.0, unretrieved_ttl: float = 7 * 86400.0):
+        self.r = client
+        self.result_ttl = result_ttl
+        self.unretrieved_ttl = unretrieved_ttl
+        self._create = client.register_script(_CREATE)
+        self._finish = client.register_script(_FINISH)
+        self._progress = client.register_script(_PROGRESS)
+        self._expire = client.register_script(_EXPIRE)
+        self._cancel = client.register_script(_CANCEL)
+        self._status = client.register_script(_STATUS)
+
+    @classmethod
+    def from_url(cls, url: str, **kw: Any) -> "TaskStore":
+        return cls(redis.Redis.from_url(url, socket_keepalive=True, health_check_interval=30), **kw)
+
+    # --- submission -------------------------------------------------------------
+    def create(self, owner: str, submission_id: str, rows: list[list[Any]], created: float, queued: float) -> int:
+        """rows: [task_id, function_id, endpoint_id, payload, max_retries]; all start QUEUED."""
+        return int(self._create(args=[orjson.dumps(rows), f"{created:.6f}", owner, submission_id, f"{queued:.6f}"]))
+
+    def fail_unqueued(self, task_ids: list[str], reason: str) -> None:
+        """Tasks stored but never enqueued (the queue refused them) are failed, not left hanging."""
+        now = time.time()
+        rows = [[tid, "FAILED", None, None, reason, ""] for tid in task_ids]
+        self._finish(args=[orjson.dumps(rows), f"{now:.6f}", self.unretrieved_ttl])
+
+    def idempotent_get(self, owner: str, key: str) -> bytes | None:
+        return self.r.get(f"idem:{owner}:{key}")
+
+    def idempotent_claim(self, owner: str, key: str, seconds: int = 300) -> bool:
+        return bool(self.r.set(f"idem:{owner}:{key}", b"pending", nx=True, ex=seconds))
+
+    def idempotent_store(self, owner: str, key: str, answer: bytes, seconds: int = 86400) -> None:
+        self.r.set(f"idem:{owner}:{key}", answer, ex=seconds)
+
+    def idempotent_release(self, owner: str, key: str) -> None:
+        self.r.delete(f"idem:{owner}:{key}")
+
+    # --- results and progress from agents ---------------------------------------
+    def finish(self, rows: list[list[Any]]) -> tuple[int, int, int]:
+        """rows: [task_id, state, result, error, reason, agent events 'S@ts;...'].
+        Returns (stored, duplicates ignored, unknown ids)."""
+        stored, dup, unknown = self._finish(args=[orjson.dumps(rows), f"{time.time():.6f}", self.unretrieved_ttl])
+        return int(stored), int(dup), int(unknown)
+
+    def progress(self, rows: list[list[Any]]) -> int:
+        """rows: [task_id, DISPATCHED|RUNNING|LEASE, ts, lease_seconds]."""
+        return int(self._progress(args=[orjson.dumps(rows), f"{time.time():.6f}"]))
+
+    def expire_leases(self, limit: int = 5000) -> tuple[int, int]:
+        requeued, failed = self._expire(args=[f"{time.time():.6f}", limit, self.unretrieved_ttl])
+        return int(requeued), int(failed)
+
+    def cancel(self, owner: str, task_id: str) -> str | None:
+        """'OK' when cancelled, the final state when already final, None when unknown."""
+        return _s(self._cancel(args=[task_id, owner, f"{time.time():.6f}", self.result_ttl]))
+
+    # --- reads ---------------------------------------------------------------------
+    def status(self, owner: str, task_ids: list[str], with_events: bool = False,
+               mark_retrieved: bool = True) -> dict[str, TaskRow | None]:
+        raw = self._status(args=[orjson.dumps(task_ids), owner, f"{time.time():.6f}", self.result_ttl,
+                                 "1" if with_events else "0", "1" if mark_retrieved else "0"])
+        out: dict[str, TaskRow | None] = {}
+        for tid, v in zip(task_ids, raw):
+            if not v:
+                out[tid] = None
+                continue
+            ev = _s(v[5])
+            out[tid] = TaskRow(tid, _s(v[0]), _s(v[1]), _s(v[2]), _s(v[3]), int(v[4]),
+                               parse_events(ev) if ev is not None else None)
+        return out
+
+    def record(self, task_id: str) -> dict[str, str]:
+        raw = self.r.hgetall(f"t:{task_id}")
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    def done_cursor(self, owner: str) -> str:
+        last = self.r.xrevrange(f"done:{owner}", count=1)
+        return last[0][0].decode() if last else "0-0"
+
+    def wait_done(self, owner: str, cursor: str, timeout: float) -> tuple[str, set[str]]:
+        """Block until tasks of this owner complete after cursor; returns new cursor and ids."""
+        got = self.r.xread({f"done:{owner}": cursor}, block=max(1, int(timeout * 1000)), count=1000)
+        ids: set[str] = set()
+        for _stream, entries in got or []:
+            for entry_id, fields in entries:
+                cursor = entry_id.decode()
+                ids.update(fields[b"ids"].decode().split(","))
+        return cursor, ids
+
+    # --- housekeeping ----------------------------------------------------------------
+    def purge(self, limit: int = 5000) -> int:
+        """Drop records whose time is up, but only once they are in the durable history."""
+        now = time.time()
+        ids = [i.decode() for i in self.r.zrangebyscore("purge", "-inf", now, start=0, num=limit)]
+        if not ids:
+            return 0
+        pipe = self.r.pipeline(transaction=False)
+        for tid in ids:
+            pipe.hget(f"t:{tid}", "h")
+        flags = pipe.execute()
+        ready = [tid for tid, h in zip(ids, flags) if h is not None]
+        gone = [tid for tid, h in zip(ids, flags) if h is None and not self.r.exists(f"t:{tid}")]
+        pipe = self.r.pipeline(transaction=False)
+        for tid in ready:
+            pipe.delete(f"t:{tid}")
+        if ready or gone:
+            pipe.zrem("purge", *(ready + gone))
+        pipe.execute()
+        return len(ready)
+
+    def outbox_take(self, count: int) -> list[str]:
+        items = self.r.lpop("outbox", count)
+        return [i.decode() for i in items or []]
+
+    def outbox_return(self, items: Iterable[str]) -> None:
+        items = list(items)
+        if items:
+            self.r.lpush("outbox", *reversed(items))
+
+    def records(self, task_ids: list[str]) -> list[dict[str, str]]:
+        pipe = self.r.pipeline(transaction=False)
+        for tid in task_ids:
+            pipe.hgetall(f"t:{tid}")
+        out = []
+        for tid, raw in zip(task_ids, pipe.execute()):
+            rec = {k.decode(): v.decode() for k, v in raw.items()}
+            if rec:
+                rec["task_id"] = tid
+                out.append(rec)
+        return out
+
+    def mark_historized(self, task_ids: list[str]) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        for tid in task_ids:
+            pipe.hset(f"t:{tid}", "h", 1)
+        pipe.execute()
+
+    def enqueue_submission_record(self, record: dict[str, Any]) -> None:
+        self.r.rpush("outbox", b"sub:" + orjson.dumps(record))

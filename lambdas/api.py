@@ -1,0 +1,204 @@
+"""The REST API Lambda: Powertools' APIGatewayRestResolver with request validation
+against the models of skyfn.protocol.api, JWT authentication on every route but the
+OpenAPI document, and 4xx answers that name the problem for any bad input.
+
+Large answers (task submission and status) are encoded with orjson and returned as
+ready-made bodies; the OpenAPI document still describes them with their models.
+"""
+from __future__ import annotations
+
+from typing import Annotated
+
+import orjson
+import redis
+from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
+from aws_lambda_powertools.event_handler.exceptions import NotFoundError
+from aws_lambda_powertools.event_handler.middlewares import NextMiddleware
+from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.event_handler.openapi.params import Body, Path
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from lambdas.auth import Unauthorized, authenticate
+from lambdas.config import settings
+from lambdas.core import registry, tasks
+from lambdas.core.errors import ServiceError, TooLarge
+from skyfn.protocol.api import (
+    MAX_REQUEST_BYTES,
+    EndpointInfo,
+    EndpointList,
+    EndpointRegistered,
+    ErrorBody,
+    FunctionCreated,
+    FunctionInfo,
+    Heartbeat,
+    RegisterEndpoint,
+    RegisterFunction,
+    StatusRequest,
+    StatusResponse,
+    SubmitTasks,
+    Submitted,
+    TaskInfo,
+    TaskStatus,
+)
+
+logger = Logger(service="skyfn-api")
+metrics = Metrics(namespace="skyfn", service="api")
+app = APIGatewayRestResolver(enable_validation=True)
+app.configure_openapi(title="skyfn", version="0.1.0",
+                      description="Federated function-as-a-service for science: register a Python function "
+                                  "once, run it on any endpoint you may use.")
+
+PUBLIC_PATHS = {"/openapi.json"}
+IdPath = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9-]+$")]
+
+
+def _json(status: int, body: object) -> Response:
+    return Response(status_code=status, content_type="application/json", body=orjson.dumps(body).decode())
+
+
+def _error(status: int, code: str, message: str, details: object = None) -> Response:
+    body = {"error": code, "message": message}
+    if details is not None:
+        body["details"] = details
+    return _json(status, body)
+
+
+def _errors(*codes: int) -> dict:
+    return {c: {"description": "error", "content": {"application/json": {"model": ErrorBody}}} for c in codes}
+
+
+def _ok(status: int, model: type) -> dict:
+    return {status: {"description": "success", "content": {"application/json": {"model": model}}}}
+
+
+def authenticate_request(app: APIGatewayRestResolver, next_middleware: NextMiddleware) -> Response:
+    event = app.current_event
+    if event.path not in PUBLIC_PATHS:
+        s = settings()
+        user = authenticate(event.headers.get("Authorization") or event.headers.get("authorization"),
+                            s.auth_secret, s.auth_issuer)
+        app.append_context(user=user)
+    return next_middleware(app)
+
+
+app.use(middlewares=[authenticate_request])
+
+
+def _user() -> str:
+    return app.context["user"]
+
+
+# --- errors ------------------------------------------------------------------------
+@app.exception_handler(Unauthorized)
+def _unauthorized(exc: Unauthorized) -> Response:
+    return _error(401, "unauthorized", str(exc))
+
+
+@app.exception_handler(ServiceError)
+def _service_error(exc: ServiceError) -> Response:
+    return _error(exc.status, exc.code, exc.message, exc.details)
+
+
+@app.exception_handler(RequestValidationError)
+def _invalid(exc: RequestValidationError) -> Response:
+    problems = []
+    for err in exc.errors()[:20]:
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        problems.append(f"{where}: {err.get('msg')}")
+    return _error(422, "invalid_request", "; ".join(problems) or "invalid request",
+                  [{"loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg"), "type": e.get("type")}
+                   for e in exc.errors()[:20]])
+
+
+@app.exception_handler(redis.exceptions.ConnectionError)
+def _store_down(exc: Exception) -> Response:
+    logger.warning("hot store unreachable", exc_info=exc)
+    return _error(503, "unavailable", "the task store is unreachable; retry shortly")
+
+
+@app.not_found
+def _no_route(exc: NotFoundError) -> Response:
+    return _error(404, "no_route", f"no route {app.current_event.http_method} {app.current_event.path}: "
+                                   "see GET /openapi.json for the API")
+
+
+# --- functions ---------------------------------------------------------------------
+@app.post("/functions", responses={**_ok(201, FunctionCreated), **_errors(401, 413, 422)})
+def register_function(body: Annotated[RegisterFunction, Body()]):
+    function_id = registry.register_function(_user(), body)
+    metrics.add_metric(name="FunctionsRegistered", unit=MetricUnit.Count, value=1)
+    return _json(201, {"function_id": function_id})
+
+
+@app.get("/functions/<function_id>", responses={**_ok(200, FunctionInfo), **_errors(401, 404, 422)})
+def get_function(function_id: IdPath):
+    return _json(200, registry.get_function(_user(), function_id).model_dump())
+
+
+# --- endpoints ---------------------------------------------------------------------
+@app.post("/endpoints", responses={**_ok(201, EndpointRegistered), **_ok(200, EndpointRegistered),
+                                   **_errors(401, 422)})
+def register_endpoint(body: Annotated[RegisterEndpoint, Body()]):
+    from lambdas.core import deps
+
+    info, created = registry.register_endpoint(_user(), body)
+    _, task_queue = deps.task_queue(info.endpoint_id)
+    _, results_queue = deps.results_queue()
+    out = EndpointRegistered(**info.model_dump(), task_queue=task_queue, results_queue=results_queue)
+    return _json(201 if created else 200, out.model_dump())
+
+
+@app.get("/endpoints", responses={**_ok(200, EndpointList), **_errors(401)})
+def list_endpoints():
+    return _json(200, {"endpoints": [e.model_dump() for e in registry.list_endpoints(_user())]})
+
+
+@app.get("/endpoints/<endpoint_id>", responses={**_ok(200, EndpointInfo), **_errors(401, 404, 422)})
+def get_endpoint(endpoint_id: IdPath):
+    return _json(200, registry.endpoint_info(_user(), endpoint_id).model_dump())
+
+
+@app.post("/endpoints/<endpoint_id>/heartbeat", responses={**_ok(200, EndpointInfo), **_errors(401, 404, 422)})
+def heartbeat(endpoint_id: IdPath, body: Annotated[Heartbeat, Body()]):
+    return _json(200, registry.heartbeat(_user(), endpoint_id, body.stats).model_dump())
+
+
+# --- tasks -------------------------------------------------------------------------
+@app.post("/tasks", responses={**_ok(202, Submitted), **_ok(200, Submitted), **_errors(401, 404, 409, 413, 422)})
+def submit_tasks(body: Annotated[SubmitTasks, Body()]):
+    answer, replayed = tasks.submit(_user(), body)
+    metrics.add_metric(name="TasksSubmitted", unit=MetricUnit.Count, value=0 if replayed else len(body.tasks))
+    return _json(200 if replayed else 202, answer)
+
+
+@app.post("/tasks/status", responses={**_ok(200, StatusResponse), **_errors(401, 422)})
+def task_status(body: Annotated[StatusRequest, Body()]):
+    return _json(200, tasks.status(_user(), body.task_ids, body.wait, body.include_events))
+
+
+@app.get("/tasks/<task_id>", responses={**_ok(200, TaskInfo), **_errors(401, 404, 422)})
+def get_task(task_id: IdPath):
+    return _json(200, tasks.get(_user(), task_id).model_dump(exclude_none=True))
+
+
+@app.delete("/tasks/<task_id>", responses={**_ok(200, TaskStatus), **_errors(401, 404, 409, 422)})
+def cancel_task(task_id: IdPath):
+    return _json(200, tasks.cancel(_user(), task_id).model_dump(exclude_none=True))
+
+
+@app.get("/openapi.json", include_in_schema=False)
+def openapi():
+    return Response(status_code=200, content_type="application/json", body=app.get_openapi_json_schema())
+
+
+@logger.inject_lambda_context(clear_state=True)
+@metrics.log_metrics
+def handler(event: dict, context: LambdaContext) -> dict:
+    size = len(event.get("body") or "")
+    if size > MAX_REQUEST_BYTES:  # checked before validation parses it
+        message = f"request body of {size} bytes exceeds the limit of {MAX_REQUEST_BYTES} bytes: split the batch"
+        return {"statusCode": 413, "headers": {"Content-Type": "application/json"}, "isBase64Encoded": False,
+                "body": orjson.dumps({"error": TooLarge.code, "message": message}).decode()}
+    return app.resolve(event, context)

@@ -1,0 +1,66 @@
+"""Service settings, read once from the environment (see docs/contracts.md)."""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Settings:
+    redis_url: str
+    agent_redis_url: str
+    queue_kind: str
+    table_prefix: str
+    auth_secret: str
+    auth_issuer: str
+    lease_seconds: float
+    max_deliveries: int
+    heartbeat_timeout: float
+    result_ttl: float
+    unretrieved_ttl: float
+    history_batch: int
+    sqs_queue_prefix: str
+
+    def task_queue_name(self, endpoint_id: str) -> str:
+        if self.queue_kind == "sqs":
+            return f"{self.sqs_queue_prefix}-tasks-{endpoint_id}"
+        return f"tasks:{endpoint_id}"
+
+    @property
+    def results_queue_name(self) -> str:
+        return f"{self.sqs_queue_prefix}-results" if self.queue_kind == "sqs" else "results"
+
+
+def _float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise RuntimeError(f"environment variable {name}={raw!r} is not a number") from None
+
+
+@functools.lru_cache(maxsize=1)
+def settings() -> Settings:
+    kind = os.environ.get("SKYFN_QUEUE_KIND", "redis")
+    if kind not in ("redis", "sqs"):
+        raise RuntimeError(f"SKYFN_QUEUE_KIND={kind!r}: allowed values are 'redis' and 'sqs'")
+    redis_url = os.environ.get("SKYFN_REDIS_URL", "redis://127.0.0.1:6379/0")
+    prefix = os.environ.get("SKYFN_TABLE_PREFIX", "skyfn")
+    return Settings(
+        redis_url=redis_url,
+        agent_redis_url=os.environ.get("SKYFN_AGENT_REDIS_URL", redis_url),
+        queue_kind=kind,
+        table_prefix=prefix,
+        auth_secret=os.environ.get("SKYFN_AUTH_SECRET", ""),
+        auth_issuer=os.environ.get("SKYFN_AUTH_ISSUER", "skyfn-local"),
+        lease_seconds=_float("SKYFN_LEASE_SECONDS", 60.0),
+        max_deliveries=int(_float("SKYFN_MAX_DELIVERIES", 5)),
+        heartbeat_timeout=_float("SKYFN_HEARTBEAT_TIMEOUT", 30.0),
+        result_ttl=_float("SKYFN_RESULT_TTL", 600.0),
+        unretrieved_ttl=_float("SKYFN_UNRETRIEVED_TTL", 7 * 24 * 3600.0),
+        history_batch=int(_float("SKYFN_HISTORY_BATCH", 500)),
+        sqs_queue_prefix=os.environ.get("SKYFN_SQS_PREFIX", prefix),
+    )

@@ -1,0 +1,1 @@
+"""The service core shared by the handlers: registry, task submission and status."""

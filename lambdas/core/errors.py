@@ -1,0 +1,34 @@
+"""Errors of the service core; the API maps each to its 4xx status."""
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, message: str, details: object = None):
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class NotFound(ServiceError):
+    status = 404
+    code = "not_found"
+
+
+class Conflict(ServiceError):
+    status = 409
+    code = "conflict"
+
+
+class TooLarge(ServiceError):
+    status = 413
+    code = "payload_too_large"
+
+
+class Unavailable(ServiceError):
+    """A dependency (queue, store) failed; the request may be retried as is."""
+
+    status = 503
+    code = "unavailable"

@@ -1,0 +1,157 @@
+"""Functions and endpoints: DynamoDB is the durable registry, Redis caches what the
+hot path reads (function bodies, endpoint owners) and holds endpoint liveness."""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import orjson
+
+from lambdas.config import settings
+from lambdas.core import deps
+from lambdas.core.errors import NotFound
+from skyfn.protocol.api import EndpointInfo, FunctionInfo, RegisterEndpoint, RegisterFunction
+
+
+def _dec(raw: dict[bytes, bytes]) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+# --- functions ------------------------------------------------------------------
+def register_function(owner: str, body: RegisterFunction) -> str:
+    function_id = str(uuid.uuid4())
+    item = {"function_id": function_id, "owner": owner, "name": body.name, "tag": body.tag,
+            "container": body.container, "created": time.time(), "body": body.function}
+    deps.dynamo().put_function(item)
+    _cache_function(item)
+    return function_id
+
+
+def _cache_function(item: dict[str, Any]) -> None:
+    deps.redis_client().hset(f"fn:{item['function_id']}", mapping={
+        "o": item["owner"], "b": item["body"], "c": str(item["created"]),
+        "meta": orjson.dumps({k: item.get(k) for k in ("name", "tag", "container")}),
+    })
+
+
+def function_bodies(owner: str, function_ids: set[str]) -> dict[str, str]:
+    """Bodies of functions the owner may run; unknown or foreign ids raise NotFound."""
+    r = deps.redis_client()
+    ids = sorted(function_ids)
+    pipe = r.pipeline(transaction=False)
+    for fid in ids:
+        pipe.hmget(f"fn:{fid}", "o", "b")
+    out: dict[str, str] = {}
+    for fid, (o, b) in zip(ids, pipe.execute()):
+        if o is None:
+            item = deps.dynamo().get_function(fid) if is_uuid(fid) else None
+            if item is None:
+                raise NotFound(f"function {fid} not found: register it first (Client.register_function)")
+            _cache_function(item)
+            o, b = item["owner"].encode(), item["body"].encode()
+        if o.decode() != owner:
+            raise NotFound(f"function {fid} not found: register it first (Client.register_function)")
+        out[fid] = b.decode()
+    return out
+
+
+def get_function(owner: str, function_id: str) -> FunctionInfo:
+    raw = _dec(deps.redis_client().hgetall(f"fn:{function_id}"))
+    if raw:
+        meta = orjson.loads(raw["meta"])
+        item = {"function_id": function_id, "owner": raw["o"], "created": float(raw["c"]), "body": raw["b"], **meta}
+    else:
+        item = deps.dynamo().get_function(function_id) if is_uuid(function_id) else None
+    if not item or item["owner"] != owner:
+        raise NotFound(f"function {function_id} not found")
+    return FunctionInfo(function_id=function_id, name=item.get("name"), owner=item["owner"], tag=item.get("tag"),
+                        container=item.get("container"), created=float(item["created"]), function=item["body"])
+
+
+def is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+        return True
+    except ValueError:
+        return False
+
+
+# --- endpoints ------------------------------------------------------------------
+def register_endpoint(owner: str, body: RegisterEndpoint) -> tuple[EndpointInfo, bool]:
+    """Register (or re-register) the owner's endpoint called body.name. Returns (info, created)."""
+    db = deps.dynamo()
+    candidate = str(uuid.uuid4())
+    endpoint_id = db.claim_endpoint_name(owner, body.name, candidate)
+    created = endpoint_id == candidate
+    item = db.get_endpoint(endpoint_id) if not created else None
+    if item is None:
+        item = {"endpoint_id": endpoint_id, "owner": owner, "name": body.name, "created": time.time(),
+                "metadata": orjson.dumps(body.metadata).decode()}
+        db.put_endpoint(item)
+    elif body.metadata:
+        item["metadata"] = orjson.dumps(body.metadata).decode()
+        db.put_endpoint(item)
+    _cache_endpoint(item)
+    deps.task_queue(endpoint_id)  # make sure the queue exists before the agent polls it
+    return endpoint_info(owner, endpoint_id), created
+
+
+def _cache_endpoint(item: dict[str, Any]) -> None:
+    deps.redis_client().hset(f"ep:{item['endpoint_id']}", mapping={
+        "o": item["owner"], "name": item["name"], "c": str(item["created"]), "meta": item.get("metadata") or "{}",
+    })
+
+
+def _endpoint_record(endpoint_id: str) -> dict[str, str] | None:
+    r = deps.redis_client()
+    raw = _dec(r.hgetall(f"ep:{endpoint_id}"))
+    if "o" not in raw:
+        item = deps.dynamo().get_endpoint(endpoint_id) if is_uuid(endpoint_id) else None
+        if item is None:
+            return None
+        _cache_endpoint(item)
+        raw = _dec(r.hgetall(f"ep:{endpoint_id}"))
+    return raw
+
+
+def check_endpoint(owner: str, endpoint_id: str) -> None:
+    rec = _endpoint_record(endpoint_id)
+    if rec is None or rec["o"] != owner:
+        raise NotFound(f"endpoint {endpoint_id} not found: list yours with Client.list_endpoints()")
+
+
+def endpoint_info(owner: str, endpoint_id: str) -> EndpointInfo:
+    rec = _endpoint_record(endpoint_id)
+    if rec is None or rec["o"] != owner:
+        raise NotFound(f"endpoint {endpoint_id} not found: list yours with Client.list_endpoints()")
+    hb = float(rec["hb"]) if rec.get("hb") else None
+    queue, _ = deps.task_queue(endpoint_id)
+    return EndpointInfo(endpoint_id=endpoint_id, name=rec["name"], owner=rec["o"], status=rec.get("st", "new"),
+                        last_heartbeat=hb, created=float(rec["c"]), backlog=queue.depth(),
+                        metadata=orjson.loads(rec.get("meta") or "{}"))
+
+
+def list_endpoints(owner: str) -> list[EndpointInfo]:
+    items = deps.dynamo().list_endpoints(owner)
+    return [endpoint_info(owner, i["endpoint_id"]) for i in sorted(items, key=lambda i: i["created"])]
+
+
+def heartbeat(owner: str, endpoint_id: str, stats: dict[str, Any]) -> EndpointInfo:
+    check_endpoint(owner, endpoint_id)
+    deps.redis_client().hset(f"ep:{endpoint_id}", mapping={"hb": f"{time.time():.6f}", "st": "online",
+                                                            "stats": orjson.dumps(stats)})
+    return endpoint_info(owner, endpoint_id)
+
+
+def mark_silent_endpoints_offline() -> list[str]:
+    """Endpoints whose last heartbeat is older than the timeout go offline."""
+    r = deps.redis_client()
+    limit = time.time() - settings().heartbeat_timeout
+    offline = []
+    for key in r.scan_iter(match="ep:*", count=1000):
+        hb, st = r.hmget(key, "hb", "st")
+        if st == b"online" and hb is not None and float(hb) < limit:
+            r.hset(key, "st", "offline")
+            offline.append(key.decode()[3:])
+    return offline

@@ -1,0 +1,192 @@
+"""Task submission, status and cancellation: the service's hot path.
+
+A submission is validated, stored in the hot store (state QUEUED), packed per endpoint
+into TaskPacks (with the bodies of the functions they call) and sent to each endpoint's
+queue. Nothing per task touches DynamoDB: the submission record is written there off
+the hot path through the history outbox.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import orjson
+
+from lambdas.core import deps, registry
+from lambdas.core.errors import Conflict, NotFound, Unavailable
+from skyfn.protocol.api import SubmitTasks, TaskInfo, TaskStatus
+from skyfn.protocol.messages import PACK_MAX_BYTES, PACK_MAX_TASKS
+from skyfn.protocol.states import FINAL_STATES, parse_events
+
+HISTORY_LOOKUPS = 100  # ids per status call looked up in DynamoDB when gone from Redis
+
+
+def submit(owner: str, req: SubmitTasks) -> tuple[dict[str, Any], bool]:
+    """Returns (Submitted body, replayed)."""
+    store = deps.store()
+    key = req.idempotency_key
+    if key:
+        previous = store.idempotent_get(owner, key)
+        if previous is not None and previous != b"pending":
+            return orjson.loads(previous) | {"replayed": True}, True
+        if not store.idempotent_claim(owner, key):
+            raise Conflict(f"a request with idempotency key {key!r} is still being processed: retry in a moment")
+    try:
+        answer = _submit(owner, req)
+    except BaseException:
+        if key:
+            store.idempotent_release(owner, key)
+        raise
+    if key:
+        store.idempotent_store(owner, key, orjson.dumps(answer))
+    return answer, False
+
+
+def _submit(owner: str, req: SubmitTasks) -> dict[str, Any]:
+    created = time.time()
+    tasks = req.tasks
+    default_ep = req.endpoint_id
+    missing = [i for i, t in enumerate(tasks) if not (t.endpoint_id or default_ep)]
+    if missing:
+        raise NotFound(f"task {missing[0]} has no endpoint: give endpoint_id for the batch or for each task")
+    for ep in {t.endpoint_id or default_ep for t in tasks}:
+        registry.check_endpoint(owner, ep)
+    bodies = registry.function_bodies(owner, {t.function_id for t in tasks})
+
+    submission_id = str(uuid.uuid4())
+    task_ids = [str(uuid.uuid4()) for _ in tasks]
+    by_endpoint: dict[str, list[int]] = {}
+    rows = []
+    for i, (tid, t) in enumerate(zip(task_ids, tasks)):
+        ep = t.endpoint_id or default_ep
+        by_endpoint.setdefault(ep, []).append(i)
+        rows.append([tid, t.function_id, ep, t.payload, t.max_retries if t.max_retries is not None else req.max_retries])
+
+    store = deps.store()
+    queued = time.time()
+    store.create(owner, submission_id, rows, created, queued)
+    sent: set[str] = set()
+    try:
+        for ep, indices in by_endpoint.items():
+            queue, _ = deps.task_queue(ep)
+            queue.send(list(_packs(ep, indices, task_ids, tasks, bodies)))
+            sent.update(task_ids[i] for i in indices)
+    except Exception as exc:
+        store.fail_unqueued([tid for tid in task_ids if tid not in sent], f"could not be queued: {exc}")
+        raise Unavailable(f"the task queue refused the submission ({type(exc).__name__}); retry with the same "
+                          "idempotency key") from exc
+    store.enqueue_submission_record({
+        "submission_id": submission_id, "owner": owner, "created": created, "task_count": len(task_ids),
+        "endpoints": sorted(by_endpoint), "idempotency_key": req.idempotency_key,
+        "first_task_id": task_ids[0], "last_task_id": task_ids[-1],
+    })
+    return {"submission_id": submission_id, "task_ids": task_ids, "replayed": False}
+
+
+def _packs(endpoint_id, indices, task_ids, tasks, bodies):
+    """Yield encoded TaskPacks of at most PACK_MAX_TASKS tasks / ~PACK_MAX_BYTES."""
+    batch: list[dict[str, Any]] = []
+    fns: dict[str, str] = {}
+    size = 0
+    for i in indices:
+        t = tasks[i]
+        spec = {"task_id": task_ids[i], "function_id": t.function_id, "payload": t.payload}
+        if t.container:
+            spec["container"] = t.container
+        if t.walltime:
+            spec["walltime"] = t.walltime
+        cost = len(t.payload) + 120 + (len(bodies[t.function_id]) if t.function_id not in fns else 0)
+        if batch and (len(batch) >= PACK_MAX_TASKS or size + cost > PACK_MAX_BYTES):
+            yield _pack(endpoint_id, batch, fns)
+            batch, fns, size = [], {}, 0
+            cost = len(t.payload) + 120 + len(bodies[t.function_id])
+        fns.setdefault(t.function_id, bodies[t.function_id])
+        batch.append(spec)
+        size += cost
+    if batch:
+        yield _pack(endpoint_id, batch, fns)
+
+
+def _pack(endpoint_id: str, tasks: list[dict[str, Any]], fns: dict[str, str]) -> bytes:
+    return orjson.dumps({"pack_id": str(uuid.uuid4()), "endpoint_id": endpoint_id, "functions": fns, "tasks": tasks})
+
+
+def _status_dict(row) -> dict[str, Any]:
+    d: dict[str, Any] = {"task_id": row.task_id, "state": row.state, "retries": row.retries}
+    if row.result is not None:
+        d["result"] = row.result
+    if row.error is not None:
+        d["error"] = row.error
+    if row.reason is not None:
+        d["reason"] = row.reason
+    if row.events is not None:
+        d["events"] = row.events
+    return d
+
+
+def status(owner: str, task_ids: list[str], wait: float, include_events: bool) -> dict[str, Any]:
+    """Status of many tasks; with wait > 0, long-poll until at least one is final."""
+    store = deps.store()
+    ids = list(dict.fromkeys(task_ids))
+    deadline = time.monotonic() + wait
+    cursor = store.done_cursor(owner) if wait > 0 else None
+    rows = store.status(owner, ids, include_events)
+    unknown = [tid for tid, row in rows.items() if row is None]
+    if unknown:
+        # Purged from the hot store: the durable history still knows final states.
+        for tid in unknown[:HISTORY_LOOKUPS]:
+            hist = deps.dynamo().get_task(tid) if registry.is_uuid(tid) else None
+            if hist and hist.get("owner") == owner:
+                rows[tid] = _history_row(hist, include_events)
+        unknown = [tid for tid, row in rows.items() if row is None]
+    pending = {tid for tid, row in rows.items() if row is not None and row.state not in FINAL_STATES}
+    while wait > 0 and pending and len(pending) == len(ids) - len(unknown):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        cursor, done = store.wait_done(owner, cursor, min(remaining, 5.0))
+        changed = [tid for tid in done if tid in pending]
+        if changed:
+            for tid, row in store.status(owner, changed, include_events).items():
+                if row is not None:
+                    rows[tid] = row
+            pending.difference_update(changed)
+    tasks = {tid: _status_dict(row) for tid, row in rows.items() if row is not None}
+    return {"tasks": tasks, "unknown": unknown}
+
+
+def _history_row(hist: dict[str, Any], include_events: bool):
+    from lambdas.adapters.redis_store import TaskRow
+
+    return TaskRow(hist["task_id"], hist["state"], None, hist.get("error"), hist.get("reason"),
+                   int(hist.get("retries", 0)), parse_events(hist.get("events")) if include_events else None)
+
+
+def get(owner: str, task_id: str) -> TaskInfo:
+    store = deps.store()
+    rec = store.record(task_id)
+    if not rec or rec.get("o") != owner:
+        hist = deps.dynamo().get_task(task_id) if registry.is_uuid(task_id) else None
+        if not hist or hist.get("owner") != owner:
+            raise NotFound(f"task {task_id} not found")
+        return TaskInfo(task_id=task_id, state=hist["state"], error=hist.get("error"), reason=hist.get("reason"),
+                        retries=int(hist.get("retries", 0)), events=parse_events(hist.get("events")),
+                        function_id=hist["function_id"], endpoint_id=hist["endpoint_id"],
+                        submission_id=hist["submission_id"], owner=owner, created=float(hist["created"]))
+    if rec["s"] in FINAL_STATES:
+        store.status(owner, [task_id])  # marks it retrieved, so it is purged after the TTL
+    return TaskInfo(task_id=task_id, state=rec["s"], result=rec.get("res"), error=rec.get("err"),
+                    reason=rec.get("why"), retries=int(rec.get("r", 0)), events=parse_events(rec.get("ev")),
+                    function_id=rec["f"], endpoint_id=rec["e"], submission_id=rec["sub"], owner=owner,
+                    created=float(rec["c"]))
+
+
+def cancel(owner: str, task_id: str) -> TaskStatus:
+    outcome = deps.store().cancel(owner, task_id)
+    if outcome is None:
+        raise NotFound(f"task {task_id} not found")
+    if outcome != "OK":
+        raise Conflict(f"task {task_id} is already {outcome}: only tasks that have not finished can be cancelled")
+    return TaskStatus(task_id=task_id, state="CANCELLED", reason="cancelled by its owner")
+

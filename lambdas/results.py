@@ -1,0 +1,44 @@
+"""The results Lambda: consumes ResultPacks from the results queue in batches (SQS
+event source with partial batch failures) and applies them to the hot store with
+compare-and-set scripts: a final state is written once, progress never goes backwards,
+duplicates from redelivered packs are counted and dropped."""
+from __future__ import annotations
+
+from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from lambdas.core import deps
+from skyfn.protocol.messages import ResultPack
+from skyfn.protocol.states import format_events
+
+logger = Logger(service="skyfn-results")
+metrics = Metrics(namespace="skyfn", service="results")
+processor = BatchProcessor(event_type=EventType.SQS)
+
+
+def apply_pack(pack: ResultPack) -> tuple[int, int, int]:
+    """Store a pack's progress updates and results; returns (stored, duplicates, unknown)."""
+    store = deps.store()
+    if pack.updates:
+        store.progress([[u.task_id, u.state, u.ts, u.lease_seconds] for u in pack.updates])
+    if not pack.results:
+        return 0, 0, 0
+    rows = [[r.task_id, r.state, r.result, r.error, r.reason, format_events(r.events)] for r in pack.results]
+    return store.finish(rows)
+
+
+def record_handler(record: SQSRecord) -> None:
+    pack = ResultPack.model_validate_json(record.body)
+    stored, dup, unknown = apply_pack(pack)
+    if dup or unknown:
+        logger.info("results ignored", extra={"duplicates": dup, "unknown": unknown, "endpoint": pack.endpoint_id})
+    metrics.add_metric(name="ResultsStored", unit=MetricUnit.Count, value=stored)
+    metrics.add_metric(name="ResultsDuplicate", unit=MetricUnit.Count, value=dup)
+
+
+@metrics.log_metrics
+def handler(event: dict, context: LambdaContext) -> dict:
+    return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)

@@ -1,0 +1,205 @@
+"""Every route of the REST API, with good and bad input: bad input is a 4xx with a
+reason, never a 5xx, and never changes state."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from lambdas.auth import mint_token
+from skyfn.protocol import pack_args, serialize_function
+from skyfn.protocol.api import MAX_REQUEST_BYTES
+from tests.service.conftest import SECRET
+
+
+def double(x):
+    return 2 * x
+
+
+@pytest.fixture
+def fn_id(api):
+    status, body = api.call("POST", "/functions", {"function": serialize_function(double), "name": "double"})
+    assert status == 201
+    return body["function_id"]
+
+
+@pytest.fixture
+def ep_id(api):
+    status, body = api.call("POST", "/endpoints", {"name": "laptop"})
+    assert status == 201
+    return body["endpoint_id"]
+
+
+def test_register_and_get_function(api, fn_id):
+    status, body = api.call("GET", f"/functions/{fn_id}")
+    assert status == 200
+    assert body["name"] == "double" and body["owner"] == "alice"
+    assert body["function"].startswith("source ")
+
+
+def test_unknown_function_is_404(api):
+    status, body = api.call("GET", "/functions/6a0e0a57-8d6a-4e43-9a8c-4b2a1e1f0000")
+    assert status == 404 and "not found" in body["message"]
+
+
+def test_endpoint_registration_is_idempotent_by_name(api, ep_id):
+    status, body = api.call("POST", "/endpoints", {"name": "laptop"})
+    assert status == 200 and body["endpoint_id"] == ep_id
+    assert body["task_queue"]["kind"] == "redis" and body["task_queue"]["name"] == f"tasks:{ep_id}"
+    assert body["results_queue"]["name"] == "results"
+    status, body = api.call("GET", "/endpoints")
+    assert status == 200 and [e["endpoint_id"] for e in body["endpoints"]] == [ep_id]
+    assert body["endpoints"][0]["status"] == "new"
+
+
+def test_heartbeat_marks_online(api, ep_id):
+    status, body = api.call("POST", f"/endpoints/{ep_id}/heartbeat", {"stats": {"workers": 2}})
+    assert status == 200 and body["status"] == "online" and body["last_heartbeat"] <= time.time()
+    status, body = api.call("GET", f"/endpoints/{ep_id}")
+    assert status == 200 and body["status"] == "online"
+
+
+def test_submit_status_cancel_flow(api, fn_id, ep_id):
+    payload = pack_args((21,), {})
+    status, body = api.call("POST", "/tasks", {"endpoint_id": ep_id, "tasks": [{"function_id": fn_id, "payload": payload}]})
+    assert status == 202 and len(body["task_ids"]) == 1
+    tid = body["task_ids"][0]
+    status, info = api.call("GET", f"/tasks/{tid}")
+    assert status == 200 and info["state"] == "QUEUED" and info["endpoint_id"] == ep_id
+    assert [e[0] for e in info["events"]] == ["CREATED", "QUEUED"]
+    status, st = api.call("POST", "/tasks/status", {"task_ids": [tid, "nope"]})
+    assert status == 200 and st["tasks"][tid]["state"] == "QUEUED" and st["unknown"] == ["nope"]
+    status, c = api.call("DELETE", f"/tasks/{tid}")
+    assert status == 200 and c["state"] == "CANCELLED"
+    status, c = api.call("DELETE", f"/tasks/{tid}")
+    assert status == 409 and "already CANCELLED" in c["message"]
+
+
+def test_batch_of_10000_in_one_request(api, fn_id, ep_id):
+    payload = pack_args((1,), {})
+    tasks = [{"function_id": fn_id, "payload": payload}] * 10_000
+    status, body = api.call("POST", "/tasks", {"endpoint_id": ep_id, "tasks": tasks})
+    assert status == 202 and len(set(body["task_ids"])) == 10_000
+    status, st = api.call("POST", "/tasks/status", {"task_ids": body["task_ids"]})
+    assert status == 200 and {t["state"] for t in st["tasks"].values()} == {"QUEUED"}
+
+
+def test_idempotency_key_creates_nothing_twice(api, fn_id, ep_id):
+    req = {"endpoint_id": ep_id, "idempotency_key": "req-1",
+           "tasks": [{"function_id": fn_id, "payload": pack_args((i,), {})} for i in range(5)]}
+    s1, b1 = api.call("POST", "/tasks", req)
+    s2, b2 = api.call("POST", "/tasks", req)
+    assert (s1, s2) == (202, 200)
+    assert b1["task_ids"] == b2["task_ids"] and b2["replayed"] is True
+    from lambdas.core import deps
+
+    assert deps.redis_client().xlen(f"tasks:{ep_id}") == 1  # one pack, sent once
+
+
+def test_status_long_poll_returns_when_a_result_lands(api, fn_id, ep_id):
+    import threading
+
+    from lambdas.results import apply_pack
+    from skyfn.protocol.messages import ResultPack, TaskResult
+
+    _, body = api.call("POST", "/tasks", {"endpoint_id": ep_id, "tasks": [{"function_id": fn_id, "payload": pack_args((1,), {})}]})
+    tid = body["task_ids"][0]
+    pack = ResultPack(endpoint_id=ep_id, results=[TaskResult(task_id=tid, state="SUCCEEDED", result="json 3.11\n2")])
+    threading.Timer(0.3, apply_pack, args=(pack,)).start()
+    t0 = time.monotonic()
+    status, st = api.call("POST", "/tasks/status", {"task_ids": [tid], "wait": 5})
+    waited = time.monotonic() - t0
+    assert status == 200 and st["tasks"][tid]["state"] == "SUCCEEDED" and st["tasks"][tid]["result"] == "json 3.11\n2"
+    assert 0.2 < waited < 4
+
+
+# --- bad input: 4xx with a reason, never 5xx ------------------------------------------
+def test_no_token_is_401(api):
+    status, body = api.call("GET", "/endpoints", token=None)
+    assert status == 401 and "Authorization" in body["message"]
+
+
+def test_forged_and_expired_tokens_are_401(api):
+    forged = mint_token("another-secret-" + "y" * 32, "alice")
+    status, body = api.call("GET", "/endpoints", token=forged)
+    assert status == 401 and "invalid token" in body["message"]
+    expired = mint_token(SECRET, "alice", ttl_seconds=-10)
+    status, body = api.call("GET", "/endpoints", token=expired)
+    assert status == 401 and "expired" in body["message"]
+
+
+@pytest.mark.parametrize("raw", ["{not json", "[1,2", "", "null", "42"])
+def test_malformed_json_is_4xx(api, raw):
+    status, body = api.call("POST", "/tasks", raw=raw)
+    assert 400 <= status < 500, body
+    assert body["message"]
+
+
+def test_oversized_body_is_413(api):
+    status, body = api.call("POST", "/functions", raw="x" * (MAX_REQUEST_BYTES + 1))
+    assert status == 413 and "exceeds the limit" in body["message"]
+
+
+def test_invalid_batches_are_422_and_store_nothing(api, fn_id, ep_id):
+    from lambdas.core import deps
+
+    cases = [
+        {"endpoint_id": ep_id, "tasks": []},
+        {"endpoint_id": ep_id, "tasks": [{"function_id": fn_id}]},
+        {"endpoint_id": ep_id, "tasks": [{"function_id": fn_id, "payload": "x", "bogus": 1}]},
+        {"endpoint_id": ep_id, "tasks": [{"function_id": fn_id, "payload": "x"}] * 20_001},
+        {"endpoint_id": ep_id, "max_retries": -1, "tasks": [{"function_id": fn_id, "payload": "x"}]},
+    ]
+    for req in cases:
+        status, body = api.call("POST", "/tasks", req)
+        assert status == 422, (status, body)
+        assert body["error"] == "invalid_request" and body["message"]
+    assert deps.redis_client().xlen(f"tasks:{ep_id}") == 0
+
+
+def test_unknown_ids_in_a_batch_are_404_and_store_nothing(api, fn_id, ep_id):
+    from lambdas.core import deps
+
+    status, body = api.call("POST", "/tasks", {"endpoint_id": ep_id, "tasks": [{"function_id": "f-missing", "payload": "x"}]})
+    assert status == 404 and "function f-missing not found" in body["message"]
+    status, body = api.call("POST", "/tasks", {"endpoint_id": "e-missing", "tasks": [{"function_id": fn_id, "payload": "x"}]})
+    assert status == 404 and "endpoint e-missing not found" in body["message"]
+    status, body = api.call("POST", "/tasks", {"tasks": [{"function_id": fn_id, "payload": "x"}]})
+    assert status == 404 and "no endpoint" in body["message"]
+    assert deps.redis_client().xlen(f"tasks:{ep_id}") == 0
+
+
+def test_unknown_ids_and_routes(api):
+    assert api.call("GET", "/tasks/6a0e0a57-8d6a-4e43-9a8c-4b2a1e1f0000")[0] == 404
+    assert api.call("DELETE", "/tasks/unknown")[0] == 404
+    assert api.call("GET", "/endpoints/6a0e0a57-8d6a-4e43-9a8c-4b2a1e1f0000")[0] == 404
+    assert api.call("POST", "/endpoints/unknown/heartbeat", {})[0] == 404
+    assert api.call("GET", "/nowhere")[0] == 404
+    assert api.call("GET", "/tasks/bad%20id")[0] == 422
+    status, body = api.call("POST", "/endpoints", {"name": "bad name!"})
+    assert status == 422 and "name" in body["message"]
+    status, body = api.call("POST", "/tasks/status", {"task_ids": []})
+    assert status == 422
+
+
+def test_other_users_see_nothing(api, other_api, fn_id, ep_id):
+    _, body = api.call("POST", "/tasks", {"endpoint_id": ep_id, "tasks": [{"function_id": fn_id, "payload": pack_args((1,), {})}]})
+    tid = body["task_ids"][0]
+    assert other_api.call("GET", f"/functions/{fn_id}")[0] == 404
+    assert other_api.call("GET", f"/endpoints/{ep_id}")[0] == 404
+    assert other_api.call("GET", f"/tasks/{tid}")[0] == 404
+    assert other_api.call("DELETE", f"/tasks/{tid}")[0] == 404
+    status, st = other_api.call("POST", "/tasks/status", {"task_ids": [tid]})
+    assert status == 200 and st["tasks"] == {} and st["unknown"] == [tid]
+    status, body = other_api.call("POST", "/tasks", {"endpoint_id": ep_id, "tasks": [{"function_id": fn_id, "payload": "x"}]})
+    assert status == 404
+    assert other_api.call("GET", "/endpoints")[1] == {"endpoints": []}
+
+
+def test_openapi_document(api):
+    status, doc = api.call("GET", "/openapi.json", token=None)
+    assert status == 200 and doc["openapi"].startswith("3.")
+    for path in ["/functions", "/functions/{function_id}", "/endpoints", "/endpoints/{endpoint_id}",
+                 "/endpoints/{endpoint_id}/heartbeat", "/tasks", "/tasks/{task_id}", "/tasks/status"]:
+        assert path in doc["paths"], path
+    assert "SubmitTasks" in doc["components"]["schemas"]
