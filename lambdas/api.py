@@ -175,7 +175,7 @@ def submit_tasks(body: Annotated[SubmitTasks, Body()]):
 
 @app.post("/tasks/status", responses={**_ok(200, StatusResponse), **_errors(401, 422)})
 def task_status(body: Annotated[StatusRequest, Body()]):
-    return _json(200, tasks.status(_user(), body.task_ids, body.wait, body.include_events))
+    return _json(200, tasks.status(_user(), body.task_ids, body.wait, body.include_events, body.cursor))
 
 
 @app.get("/tasks/<task_id>", responses={**_ok(200, TaskInfo), **_errors(401, 404, 422)})

@@ -271,9 +271,22 @@ class TaskStore:
         last = self.r.xrevrange(f"done:{owner}", count=1)
         return last[0][0].decode() if last else "0-0"
 
+    def cursor_valid(self, owner: str, cursor: str) -> bool:
+        """A cursor is usable while the notifications after it have not been trimmed away."""
+        first = self.r.xrange(f"done:{owner}", count=1)
+        if not first:
+            return False
+        head = tuple(int(x) for x in first[0][0].decode().split("-"))
+        return tuple(int(x) for x in cursor.split("-")) >= (head[0], head[1] - 1 if head[1] else 0)
+
+    def done_since(self, owner: str, cursor: str) -> tuple[str, set[str]]:
+        """Ids finished after cursor (without blocking), and the new cursor."""
+        return self.wait_done(owner, cursor, 0)
+
     def wait_done(self, owner: str, cursor: str, timeout: float) -> tuple[str, set[str]]:
         """Block until tasks of this owner complete after cursor; returns new cursor and ids."""
-        got = self.r.xread({f"done:{owner}": cursor}, block=max(1, int(timeout * 1000)), count=1000)
+        block = max(1, int(timeout * 1000)) if timeout > 0 else None
+        got = self.r.xread({f"done:{owner}": cursor}, block=block, count=1000)
         ids: set[str] = set()
         for _stream, entries in got or []:
             for entry_id, fields in entries:

@@ -3,7 +3,6 @@ hot path reads (function bodies, endpoint owners) and holds endpoint liveness.""
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any
 
 import orjson
@@ -11,6 +10,7 @@ import orjson
 from lambdas.config import settings
 from lambdas.core import deps
 from lambdas.core.errors import NotFound
+from lambdas.core.ids import is_uuid, new_id
 from skyfn.protocol.api import EndpointInfo, FunctionInfo, RegisterEndpoint, RegisterFunction
 
 
@@ -20,7 +20,7 @@ def _dec(raw: dict[bytes, bytes]) -> dict[str, str]:
 
 # --- functions ------------------------------------------------------------------
 def register_function(owner: str, body: RegisterFunction) -> str:
-    function_id = str(uuid.uuid4())
+    function_id = new_id()
     item = {"function_id": function_id, "owner": owner, "name": body.name, "tag": body.tag,
             "container": body.container, "created": time.time(), "body": body.function}
     deps.dynamo().put_function(item)
@@ -69,19 +69,11 @@ def get_function(owner: str, function_id: str) -> FunctionInfo:
                         container=item.get("container"), created=float(item["created"]), function=item["body"])
 
 
-def is_uuid(value: str) -> bool:
-    try:
-        uuid.UUID(value)
-        return True
-    except ValueError:
-        return False
-
-
 # --- endpoints ------------------------------------------------------------------
 def register_endpoint(owner: str, body: RegisterEndpoint) -> tuple[EndpointInfo, bool]:
     """Register (or re-register) the owner's endpoint called body.name. Returns (info, created)."""
     db = deps.dynamo()
-    candidate = str(uuid.uuid4())
+    candidate = new_id()
     endpoint_id = db.claim_endpoint_name(owner, body.name, candidate)
     created = endpoint_id == candidate
     item = db.get_endpoint(endpoint_id) if not created else None

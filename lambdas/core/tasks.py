@@ -8,13 +8,13 @@ the hot path through the history outbox.
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any
 
 import orjson
 
 from lambdas.core import deps, registry
 from lambdas.core.errors import Conflict, NotFound, Unavailable
+from lambdas.core.ids import is_uuid, new_id, new_ids
 from skyfn.protocol.api import SubmitTasks, TaskInfo, TaskStatus
 from skyfn.protocol.messages import PACK_MAX_BYTES, PACK_MAX_TASKS
 from skyfn.protocol.states import FINAL_STATES, parse_events
@@ -54,8 +54,8 @@ def _submit(owner: str, req: SubmitTasks) -> dict[str, Any]:
         registry.check_endpoint(owner, ep)
     bodies = registry.function_bodies(owner, {t.function_id for t in tasks})
 
-    submission_id = str(uuid.uuid4())
-    task_ids = [str(uuid.uuid4()) for _ in tasks]
+    submission_id = new_id()
+    task_ids = new_ids(len(tasks))
     by_endpoint: dict[str, list[int]] = {}
     rows = []
     for i, (tid, t) in enumerate(zip(task_ids, tasks)):
@@ -109,7 +109,7 @@ def _packs(endpoint_id, indices, task_ids, tasks, bodies):
 
 
 def _pack(endpoint_id: str, tasks: list[dict[str, Any]], fns: dict[str, str]) -> bytes:
-    return orjson.dumps({"pack_id": str(uuid.uuid4()), "endpoint_id": endpoint_id, "functions": fns, "tasks": tasks})
+    return orjson.dumps({"pack_id": new_id(), "endpoint_id": endpoint_id, "functions": fns, "tasks": tasks})
 
 
 def _status_dict(row) -> dict[str, Any]:
@@ -125,35 +125,56 @@ def _status_dict(row) -> dict[str, Any]:
     return d
 
 
-def status(owner: str, task_ids: list[str], wait: float, include_events: bool) -> dict[str, Any]:
-    """Status of many tasks; with wait > 0, long-poll until at least one is final."""
+def status(owner: str, task_ids: list[str], wait: float, include_events: bool,
+           cursor: str | None = None) -> dict[str, Any]:
+    """Status of many tasks; with wait > 0, long-poll until at least one is final.
+
+    Without a cursor every id is read. With the cursor of a previous answer only the
+    tasks that finished since then are read and returned, so a client polling for
+    thousands of outstanding tasks costs the service O(finished), not O(outstanding).
+    """
     store = deps.store()
     ids = list(dict.fromkeys(task_ids))
     deadline = time.monotonic() + wait
-    cursor = store.done_cursor(owner) if wait > 0 else None
-    rows = store.status(owner, ids, include_events)
-    unknown = [tid for tid, row in rows.items() if row is None]
-    if unknown:
-        # Purged from the hot store: the durable history still knows final states.
-        for tid in unknown[:HISTORY_LOOKUPS]:
-            hist = deps.dynamo().get_task(tid) if registry.is_uuid(tid) else None
-            if hist and hist.get("owner") == owner:
-                rows[tid] = _history_row(hist, include_events)
-        unknown = [tid for tid, row in rows.items() if row is None]
-    pending = {tid for tid, row in rows.items() if row is not None and row.state not in FINAL_STATES}
-    while wait > 0 and pending and len(pending) == len(ids) - len(unknown):
+    rows: dict[str, Any] = {}
+    unknown: list[str] = []
+    if cursor is None or not store.cursor_valid(owner, cursor):
+        cursor = store.done_cursor(owner)  # taken before the read: nothing finishing later is missed
+        rows = store.status(owner, ids, include_events)
+        unknown = _from_history(owner, rows, include_events)
+        known_final = any(r is not None and r.state in FINAL_STATES for r in rows.values())
+        if known_final or wait <= 0 or len(unknown) == len(ids):
+            return _answer(rows, unknown, cursor)
+        rows = {}
+    else:
+        cursor, done = store.done_since(owner, cursor)
+        changed = [tid for tid in ids if tid in done]
+        if changed or wait <= 0:
+            return _answer(store.status(owner, changed, include_events), unknown, cursor)
+    wanted = set(ids)
+    while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            break
+            return _answer(rows, unknown, cursor)
         cursor, done = store.wait_done(owner, cursor, min(remaining, 5.0))
-        changed = [tid for tid in done if tid in pending]
+        changed = [tid for tid in done if tid in wanted]
         if changed:
-            for tid, row in store.status(owner, changed, include_events).items():
-                if row is not None:
-                    rows[tid] = row
-            pending.difference_update(changed)
-    tasks = {tid: _status_dict(row) for tid, row in rows.items() if row is not None}
-    return {"tasks": tasks, "unknown": unknown}
+            return _answer(store.status(owner, changed, include_events), unknown, cursor)
+
+
+def _answer(rows: dict[str, Any], unknown: list[str], cursor: str) -> dict[str, Any]:
+    return {"tasks": {tid: _status_dict(row) for tid, row in rows.items() if row is not None},
+            "unknown": unknown, "cursor": cursor}
+
+
+def _from_history(owner: str, rows: dict[str, Any], include_events: bool) -> list[str]:
+    """Fill in tasks purged from the hot store from the durable history; return the rest."""
+    unknown = [tid for tid, row in rows.items() if row is None]
+    for tid in unknown[:HISTORY_LOOKUPS]:
+        hist = deps.dynamo().get_task(tid) if is_uuid(tid) else None
+        if hist and hist.get("owner") == owner:
+            rows[tid] = _history_row(hist, include_events)
+    return [tid for tid, row in rows.items() if row is None]
 
 
 def _history_row(hist: dict[str, Any], include_events: bool):
@@ -167,7 +188,7 @@ def get(owner: str, task_id: str) -> TaskInfo:
     store = deps.store()
     rec = store.record(task_id)
     if not rec or rec.get("o") != owner:
-        hist = deps.dynamo().get_task(task_id) if registry.is_uuid(task_id) else None
+        hist = deps.dynamo().get_task(task_id) if is_uuid(task_id) else None
         if not hist or hist.get("owner") != owner:
             raise NotFound(f"task {task_id} not found")
         return TaskInfo(task_id=task_id, state=hist["state"], error=hist.get("error"), reason=hist.get("reason"),

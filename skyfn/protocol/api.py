@@ -21,6 +21,12 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    def __repr__(self) -> str:
+        # Batches hold thousands of items: a full repr would cost more than the request.
+        parts = (f"{k}=<{len(v)} items>" if isinstance(v, (list, dict)) else f"{k}={v!r}"
+                 for k, v in self.__dict__.items())
+        return f"{type(self).__name__}({', '.join(parts)})"
+
 
 class RegisterFunction(_Body):
     function: str = Field(min_length=1, max_length=MAX_FUNCTION_BYTES, description="serialized function buffer")
@@ -106,6 +112,8 @@ class StatusRequest(_Body):
     task_ids: list[str] = Field(min_length=1, max_length=MAX_STATUS_IDS)
     wait: float = Field(default=0.0, ge=0.0, le=MAX_WAIT_SECONDS, description="long-poll until one is final")
     include_events: bool = False
+    cursor: Optional[str] = Field(default=None, pattern=r"^[0-9]{1,20}-[0-9]{1,20}$",
+                                  description="from the previous answer: only tasks finished since then are returned")
 
 
 class TaskStatus(BaseModel):
@@ -121,6 +129,7 @@ class TaskStatus(BaseModel):
 class StatusResponse(BaseModel):
     tasks: dict[str, TaskStatus]
     unknown: list[str] = Field(default_factory=list)
+    cursor: str = Field(description="pass back to receive only tasks that finish after this answer")
 
 
 class TaskInfo(TaskStatus):

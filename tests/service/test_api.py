@@ -203,3 +203,23 @@ def test_openapi_document(api):
                  "/endpoints/{endpoint_id}/heartbeat", "/tasks", "/tasks/{task_id}", "/tasks/status"]:
         assert path in doc["paths"], path
     assert "SubmitTasks" in doc["components"]["schemas"]
+
+
+def test_status_cursor_returns_only_newly_finished(api, fn_id, ep_id):
+    from lambdas.results import apply_pack
+    from skyfn.protocol.messages import ResultPack, TaskResult
+
+    _, body = api.call("POST", "/tasks", {"endpoint_id": ep_id, "tasks": [{"function_id": fn_id, "payload": pack_args((i,), {})} for i in range(3)]})
+    a, b, c = body["task_ids"]
+    apply_pack(ResultPack(endpoint_id=ep_id, results=[TaskResult(task_id=a, state="SUCCEEDED", result="json 3.11\n1")]))
+    status, st = api.call("POST", "/tasks/status", {"task_ids": [a, b, c]})
+    assert status == 200 and st["tasks"][a]["state"] == "SUCCEEDED" and st["tasks"][b]["state"] == "QUEUED"
+    cursor = st["cursor"]
+    status, st = api.call("POST", "/tasks/status", {"task_ids": [b, c], "cursor": cursor})
+    assert status == 200 and st["tasks"] == {}
+    apply_pack(ResultPack(endpoint_id=ep_id, results=[TaskResult(task_id=c, state="FAILED", reason="x")]))
+    status, st = api.call("POST", "/tasks/status", {"task_ids": [b, c], "cursor": cursor, "wait": 2})
+    assert status == 200 and list(st["tasks"]) == [c] and st["tasks"][c]["state"] == "FAILED"
+    assert st["cursor"] != cursor
+    status, st = api.call("POST", "/tasks/status", {"task_ids": [b], "cursor": "1-0"})  # trimmed away: full read
+    assert status == 200 and st["tasks"][b]["state"] == "QUEUED"
