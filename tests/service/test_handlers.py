@@ -1,0 +1,143 @@
+"""The results, reaper and history handlers on a real Redis and moto: CAS transitions,
+partial batch failures, lease expiry, retry budgets, dead letters, durable history."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from skyfn.protocol import pack_args, serialize_function
+from skyfn.protocol.messages import ResultPack, TaskResult, TaskUpdate
+from tests.service.conftest import Context
+
+
+def inc(x):
+    return x + 1
+
+
+@pytest.fixture
+def submitted(api):
+    _, f = api.call("POST", "/functions", {"function": serialize_function(inc)})
+    _, e = api.call("POST", "/endpoints", {"name": "hpc"})
+    _, s = api.call("POST", "/tasks", {"endpoint_id": e["endpoint_id"], "max_retries": 1,
+                                       "tasks": [{"function_id": f["function_id"], "payload": pack_args((i,), {})} for i in range(4)]})
+    return e["endpoint_id"], s["task_ids"]
+
+
+def sqs_event(bodies: list[str]) -> dict:
+    return {"Records": [{"messageId": f"m{i}", "receiptHandle": f"r{i}", "body": b, "attributes": {"ApproximateReceiveCount": "1"},
+                         "messageAttributes": {}, "md5OfBody": "", "eventSource": "aws:sqs",
+                         "eventSourceARN": "arn:aws:sqs:us-east-1:000000000000:results", "awsRegion": "us-east-1"}
+                        for i, b in enumerate(bodies)]}
+
+
+def states(api, ids):
+    _, st = api.call("POST", "/tasks/status", {"task_ids": ids, "include_events": True})
+    return {tid: st["tasks"][tid]["state"] for tid in ids}, st
+
+
+def test_results_handler_partial_batch_failure_and_duplicates(api, submitted):
+    from lambdas.results import handler
+
+    ep, ids = submitted
+    good = ResultPack(endpoint_id=ep, results=[TaskResult(task_id=ids[0], state="SUCCEEDED", result="json 3.11\n1",
+                                                         events=[("DISPATCHED", 1.0), ("RUNNING", 2.0), ("DONE", 3.0)])]).model_dump_json()
+    out = handler(sqs_event([good, "{broken", good]), Context())
+    assert out == {"batchItemFailures": [{"itemIdentifier": "m1"}]}
+    got, st = states(api, ids)
+    assert got[ids[0]] == "SUCCEEDED" and st["tasks"][ids[0]]["result"] == "json 3.11\n1"
+    names = [e[0] for e in st["tasks"][ids[0]]["events"]]
+    assert names == ["CREATED", "QUEUED", "DISPATCHED", "RUNNING", "DONE", "SUCCEEDED", "STORED"]
+    # a duplicate with another value never overwrites the stored result
+    dup = ResultPack(endpoint_id=ep, results=[TaskResult(task_id=ids[0], state="FAILED", reason="late")]).model_dump_json()
+    assert handler(sqs_event([dup]), Context()) == {"batchItemFailures": []}
+    assert states(api, ids)[0][ids[0]] == "SUCCEEDED"
+
+
+def test_progress_never_goes_backwards(api, submitted):
+    from lambdas.results import apply_pack
+
+    ep, ids = submitted
+    now = time.time()
+    apply_pack(ResultPack(endpoint_id=ep, updates=[TaskUpdate(task_id=ids[1], state="RUNNING", ts=now)]))
+    apply_pack(ResultPack(endpoint_id=ep, updates=[TaskUpdate(task_id=ids[1], state="DISPATCHED", ts=now)]))
+    assert states(api, ids)[0][ids[1]] == "RUNNING"
+
+
+def test_reaper_requeues_expired_leases_then_fails_past_budget(api, submitted):
+    from lambdas.reaper import reap
+    from lambdas.results import apply_pack
+
+    ep, ids = submitted
+    apply_pack(ResultPack(endpoint_id=ep, updates=[TaskUpdate(task_id=ids[2], state="DISPATCHED", ts=time.time(), lease_seconds=0.01)]))
+    time.sleep(0.05)
+    assert reap()["requeued"] == 1
+    got, st = states(api, ids)
+    assert got[ids[2]] == "QUEUED" and st["tasks"][ids[2]]["retries"] == 1
+    apply_pack(ResultPack(endpoint_id=ep, updates=[TaskUpdate(task_id=ids[2], state="RUNNING", ts=time.time(), lease_seconds=0.01)]))
+    time.sleep(0.05)
+    assert reap()["lease_failed"] == 1  # max_retries=1 exhausted
+    got, st = states(api, ids)
+    assert got[ids[2]] == "FAILED" and "retry budget max_retries=1 exhausted" in st["tasks"][ids[2]]["reason"]
+
+
+def test_reaper_marks_silent_endpoints_offline(api, submitted, monkeypatch):
+    from lambdas.core import deps
+    from lambdas.reaper import reap
+
+    ep, _ = submitted
+    api.call("POST", f"/endpoints/{ep}/heartbeat", {})
+    deps.redis_client().hset(f"ep:{ep}", "hb", time.time() - 3600)
+    assert reap()["offline"] == 1
+    assert api.call("GET", f"/endpoints/{ep}")[1]["status"] == "offline"
+
+
+def test_dead_lettered_packs_fail_their_tasks_with_the_reason(api, submitted):
+    from lambdas.core import deps
+    from lambdas.reaper import reap
+
+    ep, ids = submitted
+    queue, _ = deps.task_queue(ep)
+    queue.visibility_timeout = 0.05
+    for _ in range(queue.max_deliveries + 1):
+        queue.receive(10, 0, visibility_timeout=0.05)
+        time.sleep(0.1)
+    assert reap()["dead_lettered"] == 4
+    got, st = states(api, ids)
+    assert set(got.values()) == {"FAILED"}
+    assert "dead-lettered after" in st["tasks"][ids[0]]["reason"]
+
+
+def test_history_flush_and_purge_keep_final_records_durable(api, submitted, monkeypatch):
+    from lambdas.core import deps
+    from lambdas.history import flush
+    from lambdas.reaper import reap
+    from lambdas.results import apply_pack
+
+    ep, ids = submitted
+    apply_pack(ResultPack(endpoint_id=ep, results=[TaskResult(task_id=t, state="SUCCEEDED", result="json 3.11\n0") for t in ids]))
+    states(api, ids)  # retrieved: purge is scheduled after the TTL
+    out = flush()
+    assert out == {"submissions": 1, "tasks": 4}
+    deps.redis_client().zadd("purge", {t: 0 for t in ids})  # as if the TTL had passed
+    assert reap()["purged"] == 4
+    assert not deps.redis_client().exists(f"t:{ids[0]}")
+    status, info = api.call("GET", f"/tasks/{ids[0]}")
+    assert status == 200 and info["state"] == "SUCCEEDED"
+    assert [e[0] for e in info["events"]][-2:] == ["SUCCEEDED", "STORED"]
+    _, st = api.call("POST", "/tasks/status", {"task_ids": ids})
+    assert {t["state"] for t in st["tasks"].values()} == {"SUCCEEDED"}
+    sub = deps.dynamo().get_submission(info["submission_id"])
+    assert sub["task_count"] == 4 and sub["owner"] == "alice"
+
+
+def test_purge_waits_for_history(api, submitted):
+    from lambdas.core import deps
+    from lambdas.reaper import reap
+    from lambdas.results import apply_pack
+
+    ep, ids = submitted
+    apply_pack(ResultPack(endpoint_id=ep, results=[TaskResult(task_id=ids[0], state="SUCCEEDED", result="json 3.11\n0")]))
+    deps.redis_client().zadd("purge", {ids[0]: 0})
+    assert reap()["purged"] == 0 and deps.redis_client().exists(f"t:{ids[0]}")
