@@ -143,7 +143,7 @@ class CloudpickleStrategy(Strategy):
 
 class SourceStrategy(Strategy):
     """A function as its source text plus the globals it uses (modules, other top-level
-    functions by source, plain constants, importable names). Bytecode-free, so it
+    functions and classes of its module by source, plain constants, importable names). Bytecode-free, so it
     survives a change of Python version between client and worker. Refuses lambdas,
     closures, decorated functions and globals it cannot describe."""
 
@@ -153,27 +153,43 @@ class SourceStrategy(Strategy):
     def dumps(self, fn: Any) -> str:
         if not isinstance(fn, types.FunctionType):
             raise SerializationError("not a function")
+        if fn.__module__ not in sys.modules:
+            raise SerializationError("defining module is gone")
         spec: dict[str, Any] = {"name": fn.__name__, "functions": [], "globals": {}}
         self._collect(fn, spec, seen=set())
         return json.dumps(spec, separators=(",", ":"))
 
-    def _collect(self, fn: types.FunctionType, spec: dict, seen: set) -> None:
-        if fn.__name__ == "<lambda>" or fn.__closure__ or "<locals>" in fn.__qualname__:
+    def _collect(self, obj: Any, spec: dict, seen: set) -> None:
+        """Add obj's source (a function or a class of the same module) after the sources
+        of the globals it uses, so exec order defines dependencies first."""
+        if isinstance(obj, types.FunctionType) and (
+                obj.__name__ == "<lambda>" or obj.__closure__ or "<locals>" in obj.__qualname__):
             raise SerializationError("lambdas, closures and nested functions have no standalone source")
-        seen.add(fn.__name__)
+        if isinstance(obj, type) and "<locals>" in obj.__qualname__:
+            raise SerializationError("classes defined inside functions have no standalone source")
+        seen.add(obj.__name__)
         try:
-            src = textwrap.dedent(inspect.getsource(fn))
+            src = textwrap.dedent(inspect.getsource(obj))
         except (OSError, TypeError) as exc:
             raise SerializationError(f"source unavailable: {exc}") from exc
         if src.lstrip().startswith("@"):
-            raise SerializationError("decorated functions are carried by value")
-        for name in sorted(self._global_names(fn.__code__)):
-            if name in spec["globals"] or name in seen or name not in fn.__globals__:
+            raise SerializationError("decorated functions and classes are carried by value")
+        if isinstance(obj, type):
+            codes = [f.__code__ for f in vars(obj).values() if isinstance(f, types.FunctionType)]
+            namespace = sys.modules[obj.__module__].__dict__ if obj.__module__ in sys.modules else {}
+            bases = {b.__name__ for b in obj.__bases__ if b is not object}
+        else:
+            codes, namespace, bases = [obj.__code__], obj.__globals__, set()
+        names = set(bases)
+        for code in codes:
+            names |= self._global_names(code)
+        for name in sorted(names):
+            if name in spec["globals"] or name in seen or name not in namespace:
                 continue
-            value = fn.__globals__[name]
+            value = namespace[name]
             if isinstance(value, types.ModuleType):
                 spec["globals"][name] = ["module", value.__name__]
-            elif isinstance(value, types.FunctionType) and value.__module__ == fn.__module__:
+            elif isinstance(value, (types.FunctionType, type)) and value.__module__ == obj.__module__:
                 self._collect(value, spec, seen)
             elif JsonStrategy._plain(value):
                 spec["globals"][name] = ["const", value]
