@@ -161,15 +161,21 @@ def test_deserialization_error_names_strategy_versions_and_fix():
 
 
 def _other_python() -> str | None:
-    for minor in ("3.12", "3.10", "3.13"):
-        if minor == PYTHON_VERSION:
+    """Another minor version of CPython that really runs here (pyenv builds, then PATH)."""
+    candidates = []
+    root = os.path.expanduser("~/.pyenv/versions")
+    if os.path.isdir(root):
+        candidates += [os.path.join(root, v, "bin", "python") for v in sorted(os.listdir(root), reverse=True)]
+    candidates += [shutil.which(f"python3.{m}") for m in (12, 13, 10)]
+    for exe in filter(None, candidates):
+        try:
+            out = subprocess.run([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                 capture_output=True, text=True, timeout=20)
+        except OSError:
             continue
-        found = shutil.which(f"python{minor}") or next(
-            (p for p in (os.path.expanduser(f"~/.pyenv/versions/{v}/bin/python") for v in
-                         sorted(os.listdir(os.path.expanduser("~/.pyenv/versions"))) if v.startswith(minor))
-             if os.path.exists(p)), None) if os.path.isdir(os.path.expanduser("~/.pyenv/versions")) or shutil.which(f"python{minor}") else None
-        if found:
-            return found
+        version = out.stdout.strip()
+        if out.returncode == 0 and version != PYTHON_VERSION and tuple(map(int, version.split("."))) >= (3, 8):
+            return exe
     return None
 
 
