@@ -1,0 +1,32 @@
+# skyfn: `make demo` runs the main job on the embedded default, `make test` the tests.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test test-fast bench clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml scripts/install-system.sh
+	bash scripts/install-system.sh
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-dev.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+demo: install
+	$(PY) -m examples.monte_carlo_pi
+
+test: install
+	$(PY) -m pytest -q
+
+test-fast: install
+	$(PY) -m pytest -q -x tests/unit tests/service
+
+bench: install
+	$(PY) -m benchmarks.e2e --json
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,1 @@
+"""Reproducible benchmarks; each prints ratios against peers run in the same process/run."""

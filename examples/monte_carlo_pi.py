@@ -1,0 +1,78 @@
+"""`make demo`: estimate pi with Monte Carlo tasks on the embedded default.
+
+Starts the embedded service and the local endpoint when they are not running
+(`skyfn local up --detach`), maps the sampling function over 1,000+ tasks through the
+concurrent.futures Executor with a progress bar, then prints the estimate, the task
+count, the wall time and the median latency of each stage read back from the task
+events (service, queue wait, dispatch, run, return).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import subprocess
+import sys
+import time
+
+
+def sample(n: int, seed: int) -> int:
+    """Points of the unit square (seeded) that fall inside the quarter circle."""
+    import random
+
+    rng = random.Random(seed)
+    hits = 0
+    for _ in range(n):
+        x, y = rng.random(), rng.random()
+        if x * x + y * y <= 1.0:
+            hits += 1
+    return hits
+
+
+def ensure_local_service() -> bool:
+    """Start the embedded runtime unless it is up; True when this call started it."""
+    from skyfn.client import Client
+
+    try:
+        Client().endpoint_id("local")
+        return False
+    except Exception:
+        pass
+    print("starting the embedded service and the local endpoint (skyfn local up --detach) ...", flush=True)
+    subprocess.run([sys.executable, "-m", "skyfn.cli", "local", "up", "--detach"], check=True)
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=1000)
+    parser.add_argument("--samples", type=int, default=20_000, help="points per task")
+    parser.add_argument("--keep", action="store_true", help="leave the service running afterwards")
+    args = parser.parse_args()
+
+    started = ensure_local_service()
+    from skyfn import Client, Executor
+
+    client = Client()
+    try:
+        t0 = time.perf_counter()
+        with Executor(endpoint="local", client=client, progress=True) as ex:
+            futures = [ex.submit(sample, args.samples, seed) for seed in range(args.tasks)]
+            hits = sum(f.result() for f in futures)
+        wall = time.perf_counter() - t0
+        points = args.tasks * args.samples
+        estimate = 4.0 * hits / points
+        print(f"\npi ~= {estimate:.6f}  (error {abs(estimate - math.pi):.6f}, {points:,} points)")
+        print(f"tasks: {args.tasks}   wall time: {wall:.2f} s   throughput: {args.tasks / wall:.0f} tasks/s")
+        stages = client.stage_latencies([f.task_id for f in futures])
+        print("median latency per stage (ms), read back from task events:")
+        for name, values in stages.items():
+            if values:
+                print(f"  {name:<11} {1000 * statistics.median(values):8.2f}")
+    finally:
+        if started and not args.keep:
+            subprocess.run([sys.executable, "-m", "skyfn.cli", "local", "down"], check=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# System packages skyfn needs on a fresh Debian/Ubuntu machine (run as root, or with sudo).
+# Idempotent: installs only what is missing.
+set -euo pipefail
+need=()
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+python3 -c "import venv, ensurepip" >/dev/null 2>&1 || need+=(python3-venv)
+if [ ${#need[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+# The embedded runtime starts its own redis-server; the distribution's service is not needed.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet redis-server 2>/dev/null; then
+  echo "note: the system redis-server service is running; skyfn does not use it"
+fi
