@@ -117,3 +117,68 @@ def start_moto(workdir: Path, port: int | None = None, detach: bool = False) -> 
     url = f"http://127.0.0.1:{port}"
     requests.post(f"{url}/moto-api/config", json=MOTO_CONFIG, timeout=10).raise_for_status()
     return ServerProcess("moto", proc, port, url, workdir)
+
+
+# -- processes recorded by pid (detached ones that outlive the process that started them) --
+
+def write_pidfile(path: Path, pid: int) -> None:
+    """Record `pid` with its start time, so a recycled pid is never mistaken for ours."""
+    import psutil
+
+    try:
+        started = psutil.Process(pid).create_time()
+    except psutil.Error:
+        started = 0.0
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(f"{pid}\n{started!r}\n")
+    os.replace(tmp, path)
+
+
+def read_pidfile(path: Path) -> tuple[int, float | None] | None:
+    try:
+        lines = Path(path).read_text().split()
+        return int(lines[0]), (float(lines[1]) if len(lines) > 1 else None)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def recorded_process(path: Path):
+    """The live psutil.Process recorded in the pid file `path`, else None (no file, dead,
+    a zombie, or the pid now belongs to another process)."""
+    import psutil
+
+    rec = read_pidfile(path)
+    if rec is None:
+        return None
+    pid, started = rec
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        if started and abs(proc.create_time() - started) > 1.0:
+            return None
+        return proc
+    except psutil.Error:
+        return None
+
+
+def terminate(proc, timeout: float = 10.0) -> bool:
+    """SIGTERM `proc` (a psutil.Process), SIGKILL it after `timeout`. True if it was alive."""
+    import psutil
+
+    try:
+        proc.terminate()
+    except psutil.NoSuchProcess:
+        return False
+    try:
+        proc.wait(timeout)
+    except psutil.TimeoutExpired:
+        try:
+            proc.kill()
+            proc.wait(5)
+        except psutil.NoSuchProcess:
+            pass
+    except psutil.NoSuchProcess:
+        pass
+    return True

@@ -1,0 +1,80 @@
+"""The EventBridge schedules of the embedded runtime: each schedule is a daemon thread
+that invokes its handler with a `Scheduled Event` at a fixed rate (reaper every 5 s,
+history every 2 s by default). An invocation that raises is logged and the schedule
+goes on; one that overruns its period skips the missed ticks instead of piling up."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from infra.local.events import LocalLambdaContext, scheduled_event
+
+log = logging.getLogger("skyfn.local.scheduler")
+
+Handler = Callable[[dict, Any], Any]
+
+
+@dataclass
+class Schedule:
+    name: str
+    period: float
+    handler: Handler | Callable[[], Handler]
+    lazy: bool = False  # handler is a factory returning the handler (resolved on start)
+    timeout_seconds: float = 60.0
+    runs: int = 0
+    failures: int = 0
+    last_error: str | None = None
+    _thread: threading.Thread | None = field(default=None, repr=False)
+
+
+def default_schedules(reaper_period: float = 5.0, history_period: float = 2.0) -> list[Schedule]:
+    from infra.local import handlers
+
+    return [Schedule("skyfn-reaper", reaper_period, handlers.reaper_handler, lazy=True),
+            Schedule("skyfn-history", history_period, handlers.history_handler, lazy=True)]
+
+
+class Scheduler:
+    def __init__(self, schedules: list[Schedule]):
+        self.schedules = schedules
+        self._stop = threading.Event()
+
+    def start(self) -> "Scheduler":
+        for s in self.schedules:
+            if s.lazy:
+                s.handler, s.lazy = s.handler(), False
+        for s in self.schedules:
+            s._thread = threading.Thread(target=self._run, args=(s,), name=f"schedule-{s.name}", daemon=True)
+            s._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        for s in self.schedules:
+            if s._thread is not None:
+                s._thread.join(timeout)
+
+    def alive(self) -> bool:
+        return all(s._thread is not None and s._thread.is_alive() for s in self.schedules)
+
+    def _run(self, s: Schedule) -> None:
+        next_at = time.monotonic() + s.period
+        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+            self.invoke(s)
+            next_at += s.period
+            now = time.monotonic()
+            if next_at < now:  # overran: skip the missed ticks
+                next_at = now + s.period - ((now - next_at) % s.period)
+
+    @staticmethod
+    def invoke(s: Schedule) -> None:
+        s.runs += 1
+        try:
+            s.handler(scheduled_event(s.name), LocalLambdaContext(s.name, s.timeout_seconds))
+        except Exception as exc:
+            s.failures += 1
+            s.last_error = f"{type(exc).__name__}: {exc}"
+            log.exception("scheduled handler %s failed; the schedule continues", s.name)

@@ -1,0 +1,135 @@
+"""The service process of the embedded runtime: the gateway (REST API handler in its
+Lambda environments), the results event-source mapping and the schedules, together.
+
+`skyfn local up` runs it in its own process when detached:
+
+    python -m infra.local.serve --home $SKYFN_HOME
+
+It reads the deployment (ports, URLs) from `$SKYFN_HOME/local/runtime.json`, sets the
+handlers' environment, creates the AWS resources (idempotent) and serves until SIGTERM
+or SIGINT, then stops its parts in order (schedules, event source, gateway).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+
+from infra.local.event_source import EventSourceMapping, redis_results_queue
+from infra.local.gateway import Gateway
+from infra.local.scheduler import Scheduler, default_schedules
+
+log = logging.getLogger("skyfn.local.serve")
+
+
+def handler_env(redis_url: str, aws_endpoint: str, secret: str, table_prefix: str = "skyfn",
+                bucket: str = "skyfn-payloads") -> dict[str, str]:
+    """The environment the handlers read (docs/contracts.md). AWS credentials are dummies:
+    every AWS call goes to `aws_endpoint` (moto, or LocalStack)."""
+    return {
+        "SKYFN_REDIS_URL": redis_url,
+        "SKYFN_QUEUE_KIND": "redis",
+        "SKYFN_TABLE_PREFIX": table_prefix,
+        "SKYFN_BUCKET": bucket,
+        "SKYFN_AUTH_SECRET": secret,
+        "SKYFN_AUTH_ISSUER": "skyfn-local",
+        "AWS_ENDPOINT_URL": aws_endpoint,
+        "AWS_ACCESS_KEY_ID": "skyfn-local",
+        "AWS_SECRET_ACCESS_KEY": "skyfn-local",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_REGION": "us-east-1",
+    }
+
+
+# Quiet, cheap defaults for Powertools on the hot path; a user's environment overrides them.
+POWERTOOLS_DEFAULTS = {
+    "POWERTOOLS_LOG_LEVEL": "WARNING",
+    "POWERTOOLS_METRICS_DISABLED": "true",
+    "POWERTOOLS_TRACE_DISABLED": "true",
+}
+
+
+def apply_env(env: dict[str, str]) -> None:
+    import warnings
+
+    os.environ.update(env)
+    # Powertools warns on every flush without metrics; the schedules flush every few seconds.
+    warnings.filterwarnings("ignore", message="No application metrics to publish")
+    for key, value in POWERTOOLS_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+class Service:
+    """Gateway + results event-source mapping + schedules, started and stopped together."""
+
+    def __init__(self, redis_url: str, *, port: int = 0, api="lambdas.api:handler", results=None,
+                 schedules=None, api_workers: tuple[int, int] = (2, 16), results_visibility: float = 30.0,
+                 reaper_period: float = 5.0, history_period: float = 2.0):
+        self.gateway = Gateway(api, port=port, workers=api_workers)
+        self.event_source = EventSourceMapping(lambda: redis_results_queue(redis_url, "results", results_visibility),
+                                               results)
+        self.scheduler = Scheduler(schedules if schedules is not None
+                                   else default_schedules(reaper_period, history_period))
+
+    @property
+    def url(self) -> str:
+        return self.gateway.url
+
+    def start(self) -> "Service":
+        started = []
+        try:
+            for part in (self.gateway, self.event_source, self.scheduler):
+                part.start()
+                started.append(part)
+        except BaseException:
+            for part in reversed(started):
+                part.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for part in (self.scheduler, self.event_source, self.gateway):
+            try:
+                part.stop()
+            except Exception:
+                log.exception("stopping %s failed", type(part).__name__)
+
+
+def serve_until_signalled(service: Service) -> None:
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    log.info("stopping")
+    service.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from infra.local.handlers import ensure_resources
+    from infra.local.state import StateDir
+
+    parser = argparse.ArgumentParser(prog="python -m infra.local.serve", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--home", help="SKYFN_HOME (default: $SKYFN_HOME or ~/.skyfn)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    state = StateDir.at(args.home)
+    record = state.read_runtime()
+    if not record:
+        log.error("no %s: start the runtime with `skyfn local up`", state.runtime_file)
+        return 2
+    apply_env(handler_env(record["redis_url"], record["aws_endpoint"], state.auth_secret(create=False) or ""))
+    ensure_resources()
+    service = Service(record["redis_url"], port=record["gateway_port"],
+                      api_workers=tuple(record.get("api_workers", (2, 16))))
+    service.start()
+    log.info("serving on %s (pid %d)", service.url, os.getpid())
+    serve_until_signalled(service)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

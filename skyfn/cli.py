@@ -1,0 +1,125 @@
+"""The `skyfn` console script.
+
+    skyfn local up [--detach] [--port N]   start the embedded service and the endpoint `local`
+    skyfn local status                     processes, service health, endpoints
+    skyfn local down                       stop everything (task data in Redis is kept)
+    skyfn local token --user NAME          mint a token for another local user
+
+Implementations are imported inside the commands, so `import skyfn` (the SDK) never
+imports infra/, lambdas/ or moto. Errors are printed as one line; exit code 1.
+Set SKYFN_DEBUG=1 to see the full traceback.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Callable, Optional
+
+import typer
+
+app = typer.Typer(name="skyfn", help="skyfn: federated function-as-a-service for science.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+local_app = typer.Typer(help="The embedded single-machine service (redis-server, moto, local gateway, "
+                             "endpoint 'local').", no_args_is_help=True)
+app.add_typer(local_app, name="local")
+
+HomeOption = typer.Option(None, "--home", envvar="SKYFN_HOME", help="state directory (default ~/.skyfn)")
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(1)
+
+
+def _run(action: Callable[[], object]):
+    """Run `action`; any failure becomes one clear line on stderr and exit code 1."""
+    try:
+        return action()
+    except typer.Exit:
+        raise
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        raise typer.Exit(130)
+    except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
+        if os.environ.get("SKYFN_DEBUG"):
+            raise
+        known = type(exc).__name__ in ("LocalError",)
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        _fail(text if known else f"{type(exc).__name__}: {text} (run with SKYFN_DEBUG=1 for the traceback)")
+
+
+@local_app.command("up")
+def local_up(
+    detach: bool = typer.Option(False, "--detach", "-d", help="run in the background and return once healthy"),
+    port: Optional[int] = typer.Option(None, "--port", min=1, max=65535, help="gateway port (default: a free one, "
+                                                                                 "the previous one if still free)"),
+    aws_endpoint: Optional[str] = typer.Option(None, "--aws-endpoint", help="use this AWS endpoint (e.g. LocalStack) "
+                                                                            "instead of starting moto"),
+    no_endpoint: bool = typer.Option(False, "--no-endpoint", help="do not start the endpoint 'local'"),
+    home: Optional[str] = HomeOption,
+) -> None:
+    """Start redis-server, moto, the service and the endpoint 'local'; write the client config."""
+    def action():
+        from infra.local import runtime
+
+        runtime.up(home, detach=detach, port=port, aws_endpoint=aws_endpoint, endpoint=not no_endpoint,
+                   echo=typer.echo)
+    _run(action)
+
+
+@local_app.command("status")
+def local_status(as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+                 home: Optional[str] = HomeOption) -> None:
+    """Show each process (pid, alive, port), the service health and the endpoints."""
+    def action():
+        from infra.local import runtime
+
+        return runtime.status(home)
+    report = _run(action)
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        running = any(p["alive"] for p in report["processes"].values())
+        health = ("healthy" if report["healthy"] else
+                  "NOT healthy" + (f": {report['error']}" if report["error"] else "") if running else
+                  "not running (start it with `skyfn local up --detach`)")
+        typer.echo(f"service: {report['service_url'] or '-'}  {health}")
+        for name, p in report["processes"].items():
+            state = f"running  pid {p['pid']}" if p["alive"] else "stopped"
+            typer.echo(f"  {name:<8} {state}{'  port ' + str(p['port']) if p['alive'] and p['port'] else ''}")
+        for ep in report["endpoints"]:
+            typer.echo(f"  endpoint {ep.get('name')} ({ep.get('endpoint_id')}): {ep.get('status')}")
+    if not report["healthy"]:
+        raise typer.Exit(1 if any(p["alive"] for p in report["processes"].values()) else 3)
+
+
+@local_app.command("down")
+def local_down(home: Optional[str] = HomeOption) -> None:
+    """Stop the endpoint agent, the service, moto and redis-server (Redis data is kept)."""
+    def action():
+        from infra.local import runtime
+
+        runtime.down(home, echo=typer.echo)
+    _run(action)
+
+
+@local_app.command("token")
+def local_token(user: str = typer.Option(..., "--user", help="user name the token is for"),
+                days: float = typer.Option(30, "--days", min=0.001, help="validity in days"),
+                home: Optional[str] = HomeOption) -> None:
+    """Mint a token of the local service for USER (print it)."""
+    def action():
+        from infra.local import runtime
+        from infra.local.state import StateDir
+
+        return runtime.mint_token(StateDir.at(home), user, int(days * 86400))
+    typer.echo(_run(action))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

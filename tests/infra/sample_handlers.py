@@ -1,0 +1,26 @@
+"""Handlers the infra tests serve through the gateway and its Lambda environments."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+
+def echo(event, context):
+    """Answer with the event and the context, so tests can check the translation."""
+    if event["path"] == "/boom":
+        raise ValueError("boom requested")
+    if event["path"] == "/exit":
+        os._exit(3)
+    if event["path"] == "/sleep":
+        time.sleep(float(event["queryStringParameters"]["s"]))
+    if event["path"] == "/pid":
+        return {"statusCode": 200, "headers": {"Content-Type": "application/json"}, "body": json.dumps(os.getpid())}
+    info = {"event": event, "context": {
+        "function_name": context.function_name, "function_version": context.function_version,
+        "invoked_function_arn": context.invoked_function_arn, "memory_limit_in_mb": context.memory_limit_in_mb,
+        "aws_request_id": context.aws_request_id, "log_group_name": context.log_group_name,
+        "log_stream_name": context.log_stream_name, "remaining_ms": context.get_remaining_time_in_millis()}}
+    return {"statusCode": 200, "headers": {"Content-Type": "application/json"},
+            "multiValueHeaders": {"Set-Cookie": ["a=1", "b=2"]}, "body": json.dumps(info),
+            "isBase64Encoded": False}
