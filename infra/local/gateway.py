@@ -1,9 +1,10 @@
 """The local API Gateway: an HTTP/1.1 server (keep-alive, one daemon thread per
 connection) that turns each request into an API Gateway REST (v1 proxy) event, invokes
-the API handler in process with a LambdaContext-like object and writes its proxy
-response back.
+the API handler with a LambdaContext-like object and writes its proxy response back.
 
-Like API Gateway it refuses bodies above 10 MiB with 413 (without reading them), and
+Like API Gateway it refuses bodies above 10 MiB with 413, decided from Content-Length
+before any of the body is read (the connection is then closed; bytes the client still
+sends are dropped unbuffered for a moment so it can read the 413), and
 answers 502 when the handler raises or returns a malformed response; the traceback goes
 to the log and the server keeps serving.
 

@@ -17,7 +17,6 @@ import select
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 from infra.local.lambda_worker import read_frame, write_frame

@@ -163,22 +163,48 @@ def recorded_process(path: Path):
         return None
 
 
+def _gone(proc) -> bool:
+    """Exited: no such process, or a zombie (an init that reaps slowly keeps exited
+    orphans around as zombies for seconds). Our own children are reaped here."""
+    import psutil
+
+    try:
+        if proc.status() != psutil.STATUS_ZOMBIE:
+            return False
+    except psutil.NoSuchProcess:
+        return True
+    try:
+        os.waitpid(proc.pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    return True
+
+
+def _wait_gone(proc, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while not _gone(proc):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(delay)
+        delay = min(0.05, delay * 2)
+    return True
+
+
 def terminate(proc, timeout: float = 10.0) -> bool:
     """SIGTERM `proc` (a psutil.Process), SIGKILL it after `timeout`. True if it was alive."""
     import psutil
 
+    if _gone(proc):
+        return False
     try:
         proc.terminate()
     except psutil.NoSuchProcess:
         return False
-    try:
-        proc.wait(timeout)
-    except psutil.TimeoutExpired:
+    if not _wait_gone(proc, timeout):
         try:
             proc.kill()
-            proc.wait(5)
         except psutil.NoSuchProcess:
-            pass
-    except psutil.NoSuchProcess:
-        pass
+            return True
+        _wait_gone(proc, 5.0)
     return True

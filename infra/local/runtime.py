@@ -25,7 +25,7 @@ import requests
 
 from infra.local import agent
 from infra.local.lambda_pool import REPO_ROOT, child_env
-from infra.local.processes import (free_port, recorded_process, start_moto, start_redis, terminate, wait_for_port,
+from infra.local.processes import (free_port, recorded_process, start_moto, start_redis, terminate,
                                    write_pidfile)
 from infra.local.state import PROCESS_NAMES, StateDir
 

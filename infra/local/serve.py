@@ -57,7 +57,11 @@ def apply_env(env: dict[str, str]) -> None:
 
     os.environ.update(env)
     # Powertools warns on every flush without metrics; the schedules flush every few seconds.
+    # Here and, through PYTHONWARNINGS, in the handlers' environments.
+    quiet = "ignore:No application metrics to publish"
     warnings.filterwarnings("ignore", message="No application metrics to publish")
+    if quiet not in os.environ.get("PYTHONWARNINGS", ""):
+        os.environ["PYTHONWARNINGS"] = ",".join(w for w in (os.environ.get("PYTHONWARNINGS"), quiet) if w)
     for key, value in POWERTOOLS_DEFAULTS.items():
         os.environ.setdefault(key, value)
 
