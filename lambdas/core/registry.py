@@ -73,12 +73,17 @@ def get_function(owner: str, function_id: str) -> FunctionInfo:
 def register_endpoint(owner: str, body: RegisterEndpoint) -> tuple[EndpointInfo, bool]:
     """Register (or re-register) the owner's endpoint called body.name. Returns (info, created)."""
     db = deps.dynamo()
-    candidate = new_id()
+    cached = deps.redis_client().get(f"epname:{owner}:{body.name}")
+    candidate = cached.decode() if cached else new_id()
+    # The name claim in DynamoDB decides; a Redis entry carries it across a registry that
+    # lost its data (the embedded runtime's moto restarts empty), so the id and its queue stay.
     endpoint_id = db.claim_endpoint_name(owner, body.name, candidate)
-    created = endpoint_id == candidate
+    created = endpoint_id == candidate and not cached
     item = db.get_endpoint(endpoint_id) if not created else None
     if item is None:
-        item = {"endpoint_id": endpoint_id, "owner": owner, "name": body.name, "created": time.time(),
+        known = _endpoint_record(endpoint_id) if cached else None
+        item = {"endpoint_id": endpoint_id, "owner": owner, "name": body.name,
+                "created": float(known["c"]) if known else time.time(),
                 "metadata": orjson.dumps(body.metadata).decode()}
         db.put_endpoint(item)
     elif body.metadata:
@@ -90,9 +95,13 @@ def register_endpoint(owner: str, body: RegisterEndpoint) -> tuple[EndpointInfo,
 
 
 def _cache_endpoint(item: dict[str, Any]) -> None:
-    deps.redis_client().hset(f"ep:{item['endpoint_id']}", mapping={
+    pipe = deps.redis_client().pipeline(transaction=False)
+    pipe.hset(f"ep:{item['endpoint_id']}", mapping={
         "o": item["owner"], "name": item["name"], "c": str(item["created"]), "meta": item.get("metadata") or "{}",
     })
+    pipe.set(f"epname:{item['owner']}:{item['name']}", item["endpoint_id"])
+    pipe.sadd(f"eps:{item['owner']}", item["endpoint_id"])
+    pipe.execute()
 
 
 def _endpoint_record(endpoint_id: str) -> dict[str, str] | None:
@@ -125,8 +134,10 @@ def endpoint_info(owner: str, endpoint_id: str) -> EndpointInfo:
 
 
 def list_endpoints(owner: str) -> list[EndpointInfo]:
-    items = deps.dynamo().list_endpoints(owner)
-    return [endpoint_info(owner, i["endpoint_id"]) for i in sorted(items, key=lambda i: i["created"])]
+    ids = {i["endpoint_id"] for i in deps.dynamo().list_endpoints(owner)}
+    ids |= {i.decode() for i in deps.redis_client().smembers(f"eps:{owner}")}
+    infos = [endpoint_info(owner, eid) for eid in ids]
+    return sorted(infos, key=lambda e: e.created)
 
 
 def heartbeat(owner: str, endpoint_id: str, stats: dict[str, Any]) -> EndpointInfo:

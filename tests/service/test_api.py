@@ -223,3 +223,18 @@ def test_status_cursor_returns_only_newly_finished(api, fn_id, ep_id):
     assert st["cursor"] != cursor
     status, st = api.call("POST", "/tasks/status", {"task_ids": [b], "cursor": "1-0"})  # trimmed away: full read
     assert status == 200 and st["tasks"][b]["state"] == "QUEUED"
+
+
+def test_endpoint_keeps_its_id_when_the_registry_lost_its_data(api, ep_id, monkeypatch, unique):
+    """The embedded runtime's moto restarts empty: re-registration must keep the id (and queue)."""
+    from lambdas.bootstrap import ensure_resources
+    from lambdas.core import deps
+
+    monkeypatch.setenv("SKYFN_TABLE_PREFIX", f"fresh{unique}")
+    deps.dynamo.cache_clear()
+    deps.settings.cache_clear()
+    ensure_resources()
+    status, body = api.call("POST", "/endpoints", {"name": "laptop"})
+    assert status == 200 and body["endpoint_id"] == ep_id
+    assert [e["endpoint_id"] for e in api.call("GET", "/endpoints")[1]["endpoints"]] == [ep_id]
+    assert deps.dynamo().get_endpoint(ep_id)["name"] == "laptop"
