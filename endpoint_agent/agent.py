@@ -1,0 +1,247 @@
+"""The agent: wires the service link, the poller, the interchange and the outbox, and runs.
+
+`Agent(name, config).run()` registers with the service (POST /endpoints) to learn its
+endpoint id and queues, or uses the ones given (arguments, or config.yaml's
+task_queue/results_queue) without contacting the service at all. It then runs the
+interchange loop in the calling thread until `stop()` is called or, when running in
+the main thread, SIGTERM/SIGINT arrives. Stopping is graceful: receiving stops, in-flight
+tasks get up to `grace_period` seconds, results are flushed and their task messages
+acknowledged, the manager and workers are stopped. Anything unfinished is redelivered
+by the queue when its lease expires.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from endpoint_agent import __version__
+from endpoint_agent.config import EndpointConfig, resolve_service
+from endpoint_agent.interchange import Interchange
+from endpoint_agent.link import Heartbeater, ServiceLink
+from endpoint_agent.outbox import Outbox
+from endpoint_agent.paths import EndpointPaths
+from endpoint_agent.poller import Poller
+from endpoint_agent.status import write_status
+from skyfn.protocol.api import QueueDescriptor
+
+log = logging.getLogger("skyfn.agent")
+
+STATUS_PERIOD_S = 2.0
+LOOP_WAIT_S = 0.1
+
+
+class Agent:
+    def __init__(self, name: str, config: EndpointConfig, *, endpoint_id: str | None = None,
+                 task_queue: QueueDescriptor | None = None, results_queue: QueueDescriptor | None = None,
+                 paths: EndpointPaths | None = None, write_status_file: bool = True):
+        self.name = name
+        self.config = config
+        self.paths = paths or EndpointPaths(name)
+        self.endpoint_id = endpoint_id or config.endpoint_id
+        self.task_queue_desc = task_queue or config.task_queue
+        self.results_queue_desc = results_queue or config.results_queue
+        if (self.task_queue_desc is None) != (self.results_queue_desc is None):
+            raise ValueError("give both task_queue and results_queue, or neither (to register with the service)")
+        self.write_status_file = write_status_file
+        self.consumer = f"{name}@{socket.gethostname()}"
+        self._stop = threading.Event()
+        self.started = time.time()
+        self.state = "starting"
+        self.interchange: Interchange | None = None
+        self.poller: Poller | None = None
+        self.outbox: Outbox | None = None
+        self.link: ServiceLink | None = None
+        self.heartbeater: Heartbeater | None = None
+
+    # --- control ----------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask the agent to stop gracefully (thread-safe, signal-safe)."""
+        self._stop.set()
+
+    def _on_signal(self, signum, frame) -> None:
+        if self._stop.is_set():
+            log.warning("second %s: stopping now without waiting for tasks", signal.Signals(signum).name)
+            self._grace_deadline = 0.0
+        else:
+            log.info("%s received: stopping gracefully (grace period %g s)", signal.Signals(signum).name,
+                     self.config.grace_period)
+        self.stop()
+
+    # --- running ------------------------------------------------------------------
+    def metadata(self) -> dict[str, Any]:
+        return {"hostname": socket.gethostname(), "pid": os.getpid(), "workers": self.config.workers,
+                "provider": self.config.provider, "python": platform.python_version(),
+                "platform": sys.platform, "agent_version": __version__}
+
+    def stats(self) -> dict[str, Any]:
+        ix = self.interchange
+        return {
+            "state": self.state,
+            "workers": self.config.workers,
+            "in_flight": ix.load() if ix else 0,
+            "completed": ix.completed if ix else 0,
+            "failed": ix.failed if ix else 0,
+            "retried": ix.retried if ix else 0,
+            "received_tasks": ix.received_tasks if ix else 0,
+            "uptime": round(time.time() - self.started, 1),
+        }
+
+    def status(self) -> dict[str, Any]:
+        ix = self.interchange
+        m = ix.manager if ix else None
+        return {
+            "name": self.name, "pid": os.getpid(), "endpoint_id": self.endpoint_id, "state": self.state,
+            "started": self.started, "updated": time.time(), "consumer": self.consumer,
+            "manager_pid": m.proc.pid if m else None, "worker_pids": list(m.worker_pids) if m else [],
+            "interchange": ix.address if ix else None,
+            "task_queue": self.task_queue_desc.model_dump() if self.task_queue_desc else None,
+            **self.stats(),
+        }
+
+    def _write_status(self) -> None:
+        if not self.write_status_file:
+            return
+        try:
+            self.paths.ensure()
+            write_status(self.paths.status, self.status())
+        except OSError as exc:
+            log.warning("cannot write %s: %s", self.paths.status, exc)
+
+    def _connect(self) -> None:
+        if self.task_queue_desc is not None:
+            self.endpoint_id = self.endpoint_id or self.name
+            return
+        url, token = resolve_service(self.config)
+        self.link = ServiceLink(url, token)
+        log.info("registering endpoint %r with %s", self.name, url)
+        reg = self.link.register(self.name, self.metadata(), stop=self._stop)
+        self.endpoint_id = reg.endpoint_id
+        self.task_queue_desc = reg.task_queue
+        self.results_queue_desc = reg.results_queue
+        log.info("registered as endpoint %s (task queue %s %s)", reg.endpoint_id, reg.task_queue.kind,
+                 reg.task_queue.name)
+
+    def _open(self, desc: QueueDescriptor):
+        from skyfn.protocol.queues import open_queue
+
+        return open_queue(desc, consumer=self.consumer, visibility_timeout=self.config.lease_seconds)
+
+    def _open_queues(self):
+        """(poll, results, ack) queue handles, each with its own connection; retried with
+        backoff while the queue service is unreachable."""
+        assert self.task_queue_desc is not None and self.results_queue_desc is not None
+        delay = 0.5
+        while True:
+            try:
+                poll_queue = self._open(self.task_queue_desc)
+                poll_queue.ensure()
+                results_queue = self._open(self.results_queue_desc)
+                results_queue.ensure()
+                return poll_queue, results_queue, self._open(self.task_queue_desc)
+            except (ImportError, ValueError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - e.g. redis not up yet
+                log.warning("cannot reach the queues (%s); retrying in %.1f s", exc, delay)
+            if self._stop.wait(delay):
+                raise InterruptedError("stopped while connecting to the queues")
+            delay = min(30.0, delay * 2)
+
+    def run(self) -> int:
+        """Run until stopped; returns the exit code (0 after a graceful stop)."""
+        cfg = self.config
+        self._grace_deadline: float | None = None
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        self._write_status()
+        try:
+            self._connect()
+        except InterruptedError:
+            return 0
+        try:
+            poll_queue, results_queue, ack_queue = self._open_queues()
+        except InterruptedError:
+            return 0
+        self.outbox = Outbox(ack_queue, results_queue, cfg.lease_seconds)
+        self.outbox.start()
+        ix = self.interchange = Interchange(cfg, self.endpoint_id, self.outbox)
+        self.outbox.on_idle = ix.wake_up
+        ix.start_manager()
+        self.poller = Poller(poll_queue, capacity=cfg.capacity, receive_batch=cfg.receive_batch,
+                             receive_wait=cfg.receive_wait, lease_seconds=cfg.lease_seconds,
+                             load=ix.load, deliver=ix.deliver)
+        ix.room_event = self.poller.room
+        self.poller.start()
+        if self.link is not None:
+            self.heartbeater = Heartbeater(self.link, self.endpoint_id, cfg.heartbeat_period, self.stats)
+            self.heartbeater.start()
+        self.state = "running"
+        log.info("endpoint %s running: %d workers, capacity %d tasks, consumer %s", self.endpoint_id,
+                 cfg.workers, cfg.capacity, self.consumer)
+        lease_every = cfg.lease_seconds / 3.0
+        next_lease = time.monotonic() + lease_every
+        next_status = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                ix.step(LOOP_WAIT_S)
+                mono = time.monotonic()
+                if mono >= next_lease:
+                    next_lease = mono + lease_every
+                    ix.extend_leases()
+                if mono >= next_status:
+                    next_status = mono + STATUS_PERIOD_S
+                    self._write_status()
+            self._drain(ix, next_lease, lease_every)
+        finally:
+            self._shutdown()
+        return 0
+
+    def _drain(self, ix: Interchange, next_lease: float, lease_every: float) -> None:
+        self.state = "stopping"
+        self._write_status()
+        assert self.poller is not None
+        self.poller.stop()
+        if self._grace_deadline is None:
+            self._grace_deadline = time.monotonic() + self.config.grace_period
+        while time.monotonic() < self._grace_deadline:
+            if ix.load() == 0 and not self.poller.is_alive():
+                break
+            ix.step(LOOP_WAIT_S)
+            mono = time.monotonic()
+            if mono >= next_lease:
+                next_lease = mono + lease_every
+                ix.extend_leases()
+        left = ix.load()
+        if left:
+            log.warning("grace period over: %d task(s) unfinished; their messages are redelivered when leases expire",
+                        left)
+        ix.flush()
+
+    def _shutdown(self) -> None:
+        if self.poller is not None:
+            self.poller.stop()
+        if self.heartbeater is not None:
+            self.heartbeater.stop()
+        if self.outbox is not None and not self.outbox.drain(timeout=15.0):
+            log.error("results still unsent after 15 s; their tasks will be redelivered")
+        # threads that may wake the interchange end before its sockets close
+        if self.poller is not None:
+            self.poller.join(self.config.receive_wait + 5)
+        if self.outbox is not None:
+            self.outbox.on_idle = None
+            self.outbox.close()
+        if self.interchange is not None:
+            self.interchange.close()
+        if self.link is not None:
+            self.link.close()
+        self.state = "stopped"
+        self._write_status()
+        log.info("stopped: %d completed, %d failed", self.interchange.completed if self.interchange else 0,
+                 self.interchange.failed if self.interchange else 0)

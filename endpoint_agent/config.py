@@ -1,0 +1,203 @@
+"""The endpoint configuration: `$SKYFN_HOME/endpoints/<name>/config.yaml`, validated.
+
+Every key is optional; defaults suit a laptop or a login node. Invalid files are refused
+with an error that names the key, the bad value and what is allowed. The service URL
+and token come from config.yaml when set there, else from the environment
+(SKYFN_SERVICE_URL, SKYFN_TOKEN), else from the client config `$SKYFN_HOME/config.json`.
+
+Giving `task_queue` and `results_queue` (and optionally `endpoint_id`) runs the agent
+without the service: no registration, no heartbeats (tests, air-gapped set-ups).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from endpoint_agent.paths import EndpointPaths, skyfn_home
+from skyfn.protocol.api import QueueDescriptor
+from skyfn.protocol.messages import PACK_MAX_TASKS
+
+
+class ConfigError(Exception):
+    """A configuration file that cannot be used; the message says what to change."""
+
+
+def _cpu_count() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+# What each key accepts, for error messages (kept next to the model so they agree).
+ALLOWED: dict[str, str] = {
+    "service_url": "an http:// or https:// URL",
+    "token": "a non-empty string (the JWT of `skyfn login` / `skyfn local up`)",
+    "provider": "one of: local",
+    "workers": "an integer from 1 to 4096",
+    "prefetch": "an integer from 0 to 1000000",
+    "heartbeat_period": "a number of seconds from 0.1 to 3600",
+    "lease_seconds": "a number of seconds from 1 to 43200",
+    "receive_batch": "an integer from 1 to 1000",
+    "receive_wait": "a number of seconds from 0 to 20",
+    "result_flush_ms": "a number of milliseconds from 0 to 10000",
+    "result_batch": "an integer from 1 to 10000",
+    "grace_period": "a number of seconds from 0 to 86400",
+    "max_task_retries": "an integer from 0 to 100",
+    "log_level": "one of: DEBUG, INFO, WARNING, ERROR",
+    "endpoint_id": "a string",
+    "task_queue": "a queue descriptor {kind: redis|sqs, name: ..., url: ...}",
+    "results_queue": "a queue descriptor {kind: redis|sqs, name: ..., url: ...}",
+}
+
+
+class EndpointConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    service_url: Optional[str] = Field(default=None, pattern=r"^https?://\S+$")
+    token: Optional[str] = Field(default=None, min_length=1)
+    provider: Literal["local"] = "local"
+    workers: int = Field(default_factory=_cpu_count, ge=1, le=4096)
+    # Tasks taken from the queue beyond the free workers. A pack holds up to 512 tasks;
+    # a few hundred keeps the next pack in memory before the current one runs dry, so
+    # the workers never wait on a queue round trip.
+    prefetch: Optional[int] = Field(default=None, ge=0, le=1_000_000)
+    heartbeat_period: float = Field(default=10.0, ge=0.1, le=3600)
+    lease_seconds: float = Field(default=60.0, ge=1, le=43200)
+    receive_batch: int = Field(default=10, ge=1, le=1000)
+    receive_wait: float = Field(default=2.0, ge=0, le=20)
+    result_flush_ms: float = Field(default=5.0, ge=0, le=10000)
+    result_batch: int = Field(default=500, ge=1, le=10000)
+    grace_period: float = Field(default=30.0, ge=0, le=86400)
+    max_task_retries: int = Field(default=1, ge=0, le=100)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    endpoint_id: Optional[str] = None
+    task_queue: Optional[QueueDescriptor] = None
+    results_queue: Optional[QueueDescriptor] = None
+
+    @model_validator(mode="after")
+    def _defaults(self) -> "EndpointConfig":
+        if self.prefetch is None:
+            object.__setattr__(self, "prefetch", max(PACK_MAX_TASKS // 2, 64 * self.workers))
+        if (self.task_queue is None) != (self.results_queue is None):
+            raise ValueError("task_queue and results_queue must be given together (or neither)")
+        return self
+
+    @property
+    def capacity(self) -> int:
+        """Tasks the agent holds at most: one per worker plus the prefetch."""
+        return self.workers + int(self.prefetch or 0)
+
+    @property
+    def static_queues(self) -> bool:
+        return self.task_queue is not None
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid endpoint configuration in {source}:"]
+    for err in exc.errors():
+        loc = [str(p) for p in err.get("loc", ())]
+        key = ".".join(loc) or "(file)"
+        top = loc[0] if loc else ""
+        if err.get("type") == "extra_forbidden":
+            lines.append(f"  unknown key '{key}' (value {err.get('input')!r}); allowed keys: {', '.join(ALLOWED)}")
+            continue
+        allowed = ALLOWED.get(top, "see the template written by `skyfn-endpoint configure`")
+        if not loc:
+            lines.append(f"  {err.get('msg')}")
+            continue
+        lines.append(f"  key '{key}': value {err.get('input')!r} is not allowed ({err.get('msg')}); allowed: {allowed}")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, source: str = "config") -> EndpointConfig:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid endpoint configuration in {source}: expected a mapping of keys to values, "
+                          f"got {type(data).__name__}")
+    try:
+        return EndpointConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None
+
+
+def load_config(path: Path) -> EndpointConfig:
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"no configuration at {path}: run `skyfn-endpoint configure NAME` first") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}{where}: not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
+    return parse_config(data, str(path))
+
+
+def template(name: str) -> str:
+    """The commented config.yaml written by `skyfn-endpoint configure`."""
+    return f"""\
+# skyfn endpoint "{name}"
+# Every key is optional; the values shown commented out are the defaults.
+
+# --- Service --------------------------------------------------------------
+# Default: $SKYFN_HOME/config.json (written by `skyfn local up` / `skyfn login`),
+# overridden by the environment variables SKYFN_SERVICE_URL and SKYFN_TOKEN.
+# service_url: http://127.0.0.1:8080
+# token: <jwt>
+
+# --- Execution -------------------------------------------------------------
+provider: local            # allowed: local
+# workers: {_cpu_count()}               # worker processes (default: CPU count)
+# prefetch: 256            # tasks taken beyond free workers (default: max(256, 64 * workers))
+# grace_period: 30         # seconds in-flight tasks may finish after SIGTERM
+# max_task_retries: 1      # re-runs of a task whose worker process died under it
+
+# --- Queue and results -------------------------------------------------------
+# lease_seconds: 60        # visibility timeout of task messages, extended every lease_seconds/3
+# receive_batch: 10        # messages (task packs) per receive
+# receive_wait: 2          # long-poll wait, seconds
+# result_batch: 500        # results per result message at most
+# result_flush_ms: 5       # results are sent at most this long after the previous send
+# heartbeat_period: 10     # seconds between heartbeats to the service
+
+# log_level: INFO          # DEBUG, INFO, WARNING, ERROR
+"""
+
+
+def write_template(paths: EndpointPaths, force: bool = False) -> Path:
+    paths.ensure()
+    if paths.config.exists() and not force:
+        raise FileExistsError(f"{paths.config} exists; use --force to overwrite it")
+    tmp = paths.config.with_suffix(".yaml.tmp")
+    tmp.write_text(template(paths.name))
+    os.replace(tmp, paths.config)
+    return paths.config
+
+
+def resolve_service(config: EndpointConfig) -> tuple[str, str]:
+    """(service_url, token): config.yaml, else environment, else the client config."""
+    client: dict[str, Any] = {}
+    client_path = skyfn_home() / "config.json"
+    if client_path.exists():
+        try:
+            client = json.loads(client_path.read_text()) or {}
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{client_path}: not valid JSON ({exc}); rewrite it or set SKYFN_SERVICE_URL/SKYFN_TOKEN") from None
+    url = config.service_url or os.environ.get("SKYFN_SERVICE_URL") or client.get("service_url")
+    token = config.token or os.environ.get("SKYFN_TOKEN") or client.get("token")
+    if not url:
+        raise ConfigError(
+            "no service URL: set service_url in config.yaml, or SKYFN_SERVICE_URL, or start the embedded "
+            f"service with `skyfn local up` (which writes {client_path})"
+        )
+    if not token:
+        raise ConfigError(f"no token: set token in config.yaml, or SKYFN_TOKEN, or the token key of {client_path}")
+    return url.rstrip("/"), token

@@ -1,0 +1,112 @@
+"""The service link: register the endpoint, then heartbeat from a background thread.
+
+POST /endpoints {name, metadata} -> EndpointRegistered (endpoint_id and the task and
+results QueueDescriptors). POST /endpoints/{id}/heartbeat {"stats": {...}} every
+heartbeat_period. A service that is down is retried with exponential backoff; the agent
+keeps running tasks meanwhile (the queues do not need the service). A 4xx answer to
+registration is not retried: the token or the name is wrong, and the message says so.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+import requests
+
+from skyfn.protocol.api import EndpointRegistered, Heartbeat, RegisterEndpoint
+
+log = logging.getLogger("skyfn.agent.link")
+
+BACKOFF_START_S = 0.5
+BACKOFF_MAX_S = 30.0
+REQUEST_TIMEOUT_S = 10.0
+
+
+class ServiceError(Exception):
+    """The service refused a request (4xx); retrying will not help."""
+
+
+class ServiceLink:
+    def __init__(self, service_url: str, token: str, timeout: float = REQUEST_TIMEOUT_S):
+        self.url = service_url.rstrip("/")
+        self.timeout = timeout
+        self.session = requests.Session()
+        self.session.headers.update({"Authorization": f"Bearer {token}", "Content-Type": "application/json",
+                                     "User-Agent": "skyfn-endpoint"})
+
+    def _post(self, path: str, body: str) -> dict[str, Any]:
+        resp = self.session.post(self.url + path, data=body, timeout=self.timeout)
+        if 400 <= resp.status_code < 500:
+            try:
+                err = resp.json()
+                detail = f"{err.get('error')}: {err.get('message')}"
+            except ValueError:
+                detail = resp.text[:300]
+            raise ServiceError(f"POST {path} refused with {resp.status_code}: {detail}")
+        resp.raise_for_status()
+        return resp.json()
+
+    def register(self, name: str, metadata: dict[str, Any], stop: threading.Event | None = None) -> EndpointRegistered:
+        """Register (idempotent on the service side: same name, same endpoint), retrying
+        while the service is unreachable or answers 5xx, until `stop` is set."""
+        body = RegisterEndpoint(name=name, metadata=metadata).model_dump_json()
+        delay = BACKOFF_START_S
+        while True:
+            try:
+                return EndpointRegistered.model_validate(self._post("/endpoints", body))
+            except ServiceError:
+                raise
+            except (requests.RequestException, ValueError) as exc:
+                log.warning("registration with %s failed (%s); retrying in %.1f s", self.url, exc, delay)
+            if stop is not None and stop.wait(delay):
+                raise InterruptedError("stopped while registering")
+            if stop is None:
+                time.sleep(delay)
+            delay = min(BACKOFF_MAX_S, delay * 2)
+
+    def heartbeat(self, endpoint_id: str, stats: dict[str, Any]) -> dict[str, Any]:
+        return self._post(f"/endpoints/{endpoint_id}/heartbeat", Heartbeat(stats=stats).model_dump_json())
+
+    def close(self) -> None:
+        self.session.close()
+
+
+class Heartbeater(threading.Thread):
+    """Sends a heartbeat every `period` seconds; on failure retries sooner, with
+    backoff capped at the period, and logs once per outage rather than per attempt."""
+
+    def __init__(self, link: ServiceLink, endpoint_id: str, period: float, stats: Callable[[], dict[str, Any]]):
+        super().__init__(name="skyfn-heartbeat", daemon=True)
+        self.link = link
+        self.endpoint_id = endpoint_id
+        self.period = period
+        self.stats = stats
+        self._halt = threading.Event()
+        self.sent = 0
+        self.failures = 0
+
+    def run(self) -> None:
+        wait = 0.0
+        delay = BACKOFF_START_S
+        down_since: float | None = None
+        while not self._halt.wait(wait):
+            try:
+                self.link.heartbeat(self.endpoint_id, self.stats())
+                self.sent += 1
+                if down_since is not None:
+                    log.info("service reachable again after %.0f s", time.monotonic() - down_since)
+                    down_since = None
+                delay = BACKOFF_START_S
+                wait = self.period
+            except Exception as exc:  # noqa: BLE001 - never let the heartbeat thread die
+                self.failures += 1
+                if down_since is None:
+                    down_since = time.monotonic()
+                    log.warning("heartbeat failed (%s); tasks keep running, retrying with backoff", exc)
+                wait = min(self.period, delay)
+                delay = min(BACKOFF_MAX_S, delay * 2)
+
+    def stop(self) -> None:
+        self._halt.set()

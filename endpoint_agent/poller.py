@@ -1,0 +1,90 @@
+"""The queue poller: long-polls the endpoint's task queue and hands task packs on.
+
+Runs in its own thread with its own queue connection. It takes more only while the
+agent holds fewer than `capacity` (workers + prefetch) tasks, and asks for as many
+messages as should fill the room, judging by the pack sizes seen so far. Each body is
+a JSON TaskPack; a body that does not parse is logged and left unacknowledged, so the
+queue dead-letters it after its maximum deliveries.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from typing import Callable
+
+from pydantic import ValidationError
+
+from skyfn.protocol.messages import TaskPack
+from skyfn.protocol.queues.base import TaskQueue
+from skyfn.protocol.states import now
+
+log = logging.getLogger("skyfn.agent.poller")
+
+Delivery = tuple[str, TaskPack, float]  # (receipt, pack, received at)
+
+
+class Poller(threading.Thread):
+    def __init__(self, queue: TaskQueue, *, capacity: int, receive_batch: int, receive_wait: float,
+                 lease_seconds: float, load: Callable[[], int], deliver: Callable[[list[Delivery], int], None]):
+        super().__init__(name="skyfn-poller", daemon=True)
+        self.queue = queue
+        self.capacity = capacity
+        self.receive_batch = receive_batch
+        self.receive_wait = receive_wait
+        self.lease_seconds = lease_seconds
+        self.load = load
+        self.deliver = deliver
+        self.room = threading.Event()
+        self._halt = threading.Event()
+        self.avg_pack = 64.0
+        self.received_messages = 0
+        self.received_tasks = 0
+        self.bad_messages = 0
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.room.set()
+
+    def run(self) -> None:
+        delay = 0.2
+        while not self._halt.is_set():
+            self.room.clear()
+            room = self.capacity - self.load()
+            if room <= 0:
+                self.room.wait(0.25)
+                continue
+            n = max(1, min(self.receive_batch, math.ceil(room / max(1.0, self.avg_pack))))
+            try:
+                messages = self.queue.receive(max_messages=n, wait_seconds=self.receive_wait,
+                                              visibility_timeout=self.lease_seconds)
+                delay = 0.2
+            except Exception as exc:  # noqa: BLE001 - the queue may be down for a while
+                log.warning("receive from task queue %s failed (%s); retrying in %.1f s", self.queue.name, exc, delay)
+                self._halt.wait(delay)
+                delay = min(10.0, delay * 2)
+                continue
+            if not messages:
+                continue
+            ts = now()
+            batch: list[Delivery] = []
+            n_tasks = 0
+            for m in messages:
+                try:
+                    pack = TaskPack.model_validate_json(m.body)
+                except ValidationError as exc:
+                    self.bad_messages += 1
+                    log.error("task message %s (delivery %d) is not a valid TaskPack, leaving it to dead-letter: %s",
+                              m.message_id, m.delivery_count, str(exc).replace("\n", "; ")[:500])
+                    continue
+                batch.append((m.receipt, pack, ts))
+                n_tasks += len(pack.tasks)
+                self.avg_pack = 0.7 * self.avg_pack + 0.3 * max(1, len(pack.tasks))
+            self.received_messages += len(messages)
+            self.received_tasks += n_tasks
+            if batch:
+                self.deliver(batch, n_tasks)
+        try:
+            self.queue.close()
+        except Exception:  # noqa: BLE001
+            pass

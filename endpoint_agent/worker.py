@@ -1,0 +1,160 @@
+"""A worker process: runs the tasks its manager gives it, one at a time, in order.
+
+`python -m endpoint_agent.worker --connect ipc://... --identity ID --slot I --slots-fd FD
+--slots N`. The manager sends chunks of tasks; for each the worker deserializes the
+function (cached by function_id), unpacks the arguments, calls it and serializes the
+result, or wraps the exception with its traceback (state FAILED). Results go back when
+the chunk is done, or sooner when the chunk is slow (so long tasks report one by one),
+in the order the tasks were given. Progress is written to the shared slots (slots.py).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+import zmq
+
+from endpoint_agent import wire
+from endpoint_agent.procutil import die_with_parent
+from endpoint_agent.slots import Slots
+from skyfn.protocol.remote_exception import wrap_exception
+from skyfn.protocol.serialize import deserialize, serialize, unpack_args
+
+PARTIAL_FLUSH_S = 0.02  # a chunk running longer than this reports results as they come
+PARENT_CHECK_S = 1.0
+
+
+class FunctionCache:
+    """function_id -> callable, deserialized on first use. A body that fails to
+    deserialize is remembered as the exception, so every task calling it fails alike."""
+
+    def __init__(self) -> None:
+        self.bodies: dict[str, str] = {}
+        self.loaded: dict[str, object] = {}
+
+    def add(self, bodies: dict[str, str]) -> None:
+        self.bodies.update(bodies)
+
+    def get(self, function_id: str):
+        fn = self.loaded.get(function_id)
+        if fn is None:
+            body = self.bodies.get(function_id)
+            if body is None:
+                fn = LookupError(f"function {function_id} was not delivered to this worker")
+            else:
+                try:
+                    fn = deserialize(body)
+                except Exception as exc:  # DeserializationError, with the fix in its message
+                    fn = exc
+            self.loaded[function_id] = fn
+        if isinstance(fn, BaseException):
+            raise fn
+        return fn
+
+
+def run_task(cache: FunctionCache, function_id: str, payload: str) -> tuple[str, str | None, str | None]:
+    """(state, result, error) of one call. The remote traceback starts at the user's
+    function: the worker's own frame is cut off."""
+    try:
+        fn = cache.get(function_id)
+        args, kwargs = unpack_args(payload)
+    except Exception as exc:  # DeserializationError and friends: FAILED, with the fix in the message
+        return "FAILED", None, _wrap(exc)
+    try:
+        value = fn(*args, **kwargs)
+    except BaseException as exc:  # noqa: BLE001 - user code may raise anything, SystemExit included
+        if isinstance(exc, KeyboardInterrupt) and _stopping:
+            raise
+        tb = exc.__traceback__
+        return "FAILED", None, _wrap(exc.with_traceback(tb.tb_next if tb is not None else None))
+    try:
+        return "SUCCEEDED", serialize(value), None
+    except Exception as exc:  # SerializationError: says which strategies were tried and why
+        return "FAILED", None, _wrap(exc)
+
+
+def _wrap(exc: BaseException) -> str:
+    try:
+        return wrap_exception(exc)
+    except BaseException as wrap_exc:  # noqa: BLE001 - an exception whose str() raises, ...
+        return wrap_exception(RuntimeError(f"{type(exc).__name__} (unprintable: {wrap_exc!r})"))
+
+
+_stopping = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    global _stopping
+    ap = argparse.ArgumentParser(prog="endpoint_agent.worker")
+    ap.add_argument("--connect", required=True)
+    ap.add_argument("--identity", required=True)
+    ap.add_argument("--slot", type=int, required=True)
+    ap.add_argument("--slots", type=int, required=True)
+    ap.add_argument("--slots-fd", type=int, required=True)
+    args = ap.parse_args(argv)
+
+    die_with_parent()
+    parent = os.getppid()
+    # Ctrl-C in a foreground agent reaches the whole process group: the agent decides.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def _term(signum, frame):
+        global _stopping
+        _stopping = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)
+
+    slots = Slots(args.slots, fd=args.slots_fd)
+    ctx = zmq.Context(1)
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, args.identity.encode())
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.connect(args.connect)
+    sock.send_multipart([wire.READY, wire.dumps({"pid": os.getpid()})])
+
+    cache = FunctionCache()
+    slot = args.slot
+    started = 0
+    now = time.time
+    try:
+        while True:
+            if not sock.poll(PARENT_CHECK_S * 1000):
+                if os.getppid() != parent:
+                    return 0
+                continue
+            op, body = sock.recv_multipart()
+            if op == wire.STOP:
+                return 0
+            msg = wire.loads(body)
+            if msg.get("f"):
+                cache.add(msg["f"])
+            out: list = []
+            last_send = now()
+            for key, function_id, payload, _walltime in msg["t"]:
+                started += 1
+                t0 = now()
+                slots.begin(slot, started, t0)
+                state, result, error = run_task(cache, function_id, payload)
+                t1 = now()
+                slots.end(slot)
+                out.append((key, state, result, error, round(t0, 6), round(t1, 6)))
+                if t1 - last_send > PARTIAL_FLUSH_S:
+                    sock.send_multipart([wire.RES, wire.dumps(out)])
+                    out = []
+                    last_send = t1
+            if out:
+                sock.send_multipart([wire.RES, wire.dumps(out)])
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        sock.close(linger=500)
+        ctx.term()
+        slots.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
