@@ -129,8 +129,8 @@ def status(owner: str, task_ids: list[str], wait: float, include_events: bool,
            cursor: str | None = None) -> dict[str, Any]:
     """Status of many tasks; with wait > 0, long-poll until at least one is final.
 
-    Without a cursor every id is read. With the cursor of a previous answer only the
-    tasks that finished since then are read and returned, so a client polling for
+    Without a cursor every id is read and answered. With the cursor of a previous answer
+    only the tasks that finished since then are read and returned, so a client polling for
     thousands of outstanding tasks costs the service O(finished), not O(outstanding).
     """
     store = deps.store()
@@ -145,7 +145,6 @@ def status(owner: str, task_ids: list[str], wait: float, include_events: bool,
         known_final = any(r is not None and r.state in FINAL_STATES for r in rows.values())
         if known_final or wait <= 0 or len(unknown) == len(ids):
             return _answer(rows, unknown, cursor)
-        rows = {}
     else:
         cursor, done = store.done_since(owner, cursor)
         changed = [tid for tid in ids if tid in done]
@@ -159,7 +158,8 @@ def status(owner: str, task_ids: list[str], wait: float, include_events: bool,
         cursor, done = store.wait_done(owner, cursor, min(remaining, 5.0))
         changed = [tid for tid in done if tid in wanted]
         if changed:
-            return _answer(store.status(owner, changed, include_events), unknown, cursor)
+            rows.update(store.status(owner, changed, include_events))
+            return _answer(rows, unknown, cursor)
 
 
 def _answer(rows: dict[str, Any], unknown: list[str], cursor: str) -> dict[str, Any]:

@@ -238,3 +238,17 @@ def test_endpoint_keeps_its_id_when_the_registry_lost_its_data(api, ep_id, monke
     assert status == 200 and body["endpoint_id"] == ep_id
     assert [e["endpoint_id"] for e in api.call("GET", "/endpoints")[1]["endpoints"]] == [ep_id]
     assert deps.dynamo().get_endpoint(ep_id)["name"] == "laptop"
+
+
+def test_status_long_poll_without_cursor_answers_every_id(api, fn_id, ep_id):
+    import threading
+
+    from lambdas.results import apply_pack
+    from skyfn.protocol.messages import ResultPack, TaskResult
+
+    _, body = api.call("POST", "/tasks", {"endpoint_id": ep_id, "tasks": [{"function_id": fn_id, "payload": pack_args((i,), {})} for i in range(2)]})
+    a, b = body["task_ids"]
+    pack = ResultPack(endpoint_id=ep_id, results=[TaskResult(task_id=a, state="SUCCEEDED", result="json 3.11\n1")])
+    threading.Timer(0.2, apply_pack, args=(pack,)).start()
+    status, st = api.call("POST", "/tasks/status", {"task_ids": [a, b], "wait": 5})
+    assert status == 200 and st["tasks"][a]["state"] == "SUCCEEDED" and st["tasks"][b]["state"] == "QUEUED"

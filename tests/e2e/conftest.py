@@ -1,0 +1,43 @@
+"""The embedded runtime, started once for the e2e suite exactly as a user starts it
+(`skyfn local up --detach` in a private SKYFN_HOME), with a local endpoint of 2 workers
+and short leases so that a killed agent's tasks come back quickly."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import yaml
+
+
+@pytest.fixture(scope="session")
+def local_home(tmp_path_factory):
+    from infra.local import runtime
+
+    home = tmp_path_factory.mktemp("skyfn-home")
+    cfg = home / "endpoints" / "local"
+    cfg.mkdir(parents=True)
+    (cfg / "config.yaml").write_text(yaml.safe_dump({
+        "workers": 2, "lease_seconds": 4, "heartbeat_period": 1, "grace_period": 5,
+    }))
+    old = os.environ.get("SKYFN_HOME")
+    os.environ["SKYFN_HOME"] = str(home)
+    runtime.up(home, detach=True, echo=lambda *_: None)
+    yield home
+    runtime.down(home, echo=lambda *_: None)
+    if old is None:
+        os.environ.pop("SKYFN_HOME", None)
+    else:
+        os.environ["SKYFN_HOME"] = old
+
+
+@pytest.fixture
+def client(local_home):
+    from skyfn import Client
+
+    with Client() as c:
+        yield c
+
+
+@pytest.fixture
+def endpoint_id(client):
+    return client.endpoint_id("local")
