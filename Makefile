@@ -26,6 +26,7 @@ test-fast: install
 	$(PY) -m pytest -q -x tests/unit tests/service
 
 bench: install
+	$(PY) -m pip install -q -r requirements-bench.txt
 	$(PY) -m benchmarks.e2e --json
 
 clean:

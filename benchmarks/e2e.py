@@ -1,0 +1,169 @@
+"""End-to-end benchmark of the embedded runtime, with peers run in the same process.
+
+    python -m benchmarks.e2e [--json] [--tasks 10000] [--rtt 300] [--peers pool,parsl]
+
+Starts everything it needs (redis-server, moto, the local gateway and an endpoint with
+2 workers, in a private SKYFN_HOME) and stops it afterwards. Measures:
+
+- single-task round trip (Client.run + get_result, one at a time): p50 / p99;
+- completion time of a batch of no-op tasks through the Executor (submit all, wait all);
+- the same batch on concurrent.futures.ProcessPoolExecutor(2) and, when installed,
+  Parsl's HighThroughputExecutor with 2 workers (logging off), and prints ratios.
+
+The last line printed is one JSON object (with --json).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import yaml
+
+
+def noop(x):
+    return x
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def bench_skyfn(tasks: int, rtt_n: int) -> dict:
+    from infra.local import runtime
+    from skyfn import Client, Executor
+
+    home = Path(tempfile.mkdtemp(prefix="skyfn-bench-"))
+    cfg = home / "endpoints" / "local"
+    cfg.mkdir(parents=True)
+    (cfg / "config.yaml").write_text(yaml.safe_dump({"workers": 2}))
+    os.environ["SKYFN_HOME"] = str(home)
+    t0 = time.perf_counter()
+    runtime.up(home, detach=True, echo=lambda *_: None)
+    startup = time.perf_counter() - t0
+    try:
+        with Client() as client:
+            endpoint_id = client.endpoint_id("local")
+            fid = client.register_function(noop)
+            for i in range(20):  # warm connections, caches and workers
+                client.get_result(client.run(fid, i, endpoint_id=endpoint_id), timeout=30)
+            rtts = []
+            for i in range(rtt_n):
+                t = time.perf_counter()
+                assert client.get_result(client.run(fid, i, endpoint_id=endpoint_id), timeout=30) == i
+                rtts.append((time.perf_counter() - t) * 1000)
+        with Executor(endpoint="local") as ex:
+            list(ex.map(noop, range(200)))  # warm-up
+            t = time.perf_counter()
+            out = list(ex.map(noop, range(tasks)))
+            batch = time.perf_counter() - t
+        assert out == list(range(tasks))
+    finally:
+        runtime.down(home, echo=lambda *_: None)
+    return {"batch_s": batch, "rtt_p50_ms": statistics.median(rtts), "rtt_p99_ms": percentile(rtts, 0.99),
+            "startup_s": startup}
+
+
+def bench_pool(tasks: int, rtt_n: int) -> dict:
+    with ProcessPoolExecutor(2) as pool:
+        list(pool.map(noop, range(200)))
+        t = time.perf_counter()
+        futures = [pool.submit(noop, i) for i in range(tasks)]
+        assert [f.result() for f in futures] == list(range(tasks))
+        batch = time.perf_counter() - t
+        rtts = []
+        for i in range(rtt_n):
+            t = time.perf_counter()
+            pool.submit(noop, i).result()
+            rtts.append((time.perf_counter() - t) * 1000)
+    return {"batch_s": batch, "rtt_p50_ms": statistics.median(rtts), "rtt_p99_ms": percentile(rtts, 0.99)}
+
+
+def bench_parsl(tasks: int, rtt_n: int) -> dict | None:
+    try:
+        import parsl
+        from parsl.config import Config
+        from parsl.executors import HighThroughputExecutor
+        from parsl.providers import LocalProvider
+    except ImportError:
+        return None
+    logging.getLogger("parsl").setLevel(logging.WARNING)
+    run_dir = tempfile.mkdtemp(prefix="parsl-bench-")
+    config = Config(executors=[HighThroughputExecutor(label="htex", max_workers_per_node=2, cores_per_worker=1,
+                                                      provider=LocalProvider(init_blocks=1, max_blocks=1))],
+                    run_dir=run_dir, initialize_logging=False)
+    t0 = time.perf_counter()
+    dfk = parsl.load(config)
+    app = parsl.python_app(noop)
+    try:
+        [app(i).result() for i in range(20)]
+        startup = time.perf_counter() - t0
+        t = time.perf_counter()
+        futures = [app(i) for i in range(tasks)]
+        assert [f.result() for f in futures] == list(range(tasks))
+        batch = time.perf_counter() - t
+        rtts = []
+        for i in range(rtt_n):
+            t = time.perf_counter()
+            app(i).result()
+            rtts.append((time.perf_counter() - t) * 1000)
+    finally:
+        dfk.cleanup()
+        parsl.clear()
+    return {"batch_s": batch, "rtt_p50_ms": statistics.median(rtts), "rtt_p99_ms": percentile(rtts, 0.99),
+            "startup_s": startup}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="skyfn end-to-end benchmark")
+    parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    parser.add_argument("--tasks", type=int, default=10_000)
+    parser.add_argument("--rtt", type=int, default=300, help="sequential single-task round trips")
+    parser.add_argument("--peers", default="pool,parsl", help="comma-separated: pool, parsl, or none")
+    args = parser.parse_args()
+    peers = {p for p in args.peers.split(",") if p and p != "none"}
+
+    results = {"skyfn": bench_skyfn(args.tasks, args.rtt)}
+    if "pool" in peers:
+        results["process_pool"] = bench_pool(args.tasks, args.rtt)
+    if "parsl" in peers:
+        parsl_result = bench_parsl(args.tasks, args.rtt)
+        if parsl_result is None:
+            print("parsl not installed: pip install -r requirements-bench.txt to include it", file=sys.stderr)
+        else:
+            results["parsl_htex"] = parsl_result
+
+    sky = results["skyfn"]
+    print(f"{'system':<14} {args.tasks:>6} tasks (s) {'tasks/s':>9} {'rtt p50 ms':>11} {'rtt p99 ms':>11}")
+    for name, r in results.items():
+        print(f"{name:<14} {r['batch_s']:>16.2f} {args.tasks / r['batch_s']:>9.0f} {r['rtt_p50_ms']:>11.2f} "
+              f"{r['rtt_p99_ms']:>11.2f}")
+    ratios = {}
+    for name, r in results.items():
+        if name != "skyfn":
+            ratios[f"{name}_batch_over_skyfn"] = r["batch_s"] / sky["batch_s"]
+            ratios[f"{name}_rtt_p50_over_skyfn"] = r["rtt_p50_ms"] / sky["rtt_p50_ms"]
+            print(f"{name}: batch takes {ratios[f'{name}_batch_over_skyfn']:.2f}x skyfn's time, "
+                  f"rtt p50 {ratios[f'{name}_rtt_p50_over_skyfn']:.2f}x")
+    summary = {
+        "tasks": args.tasks, "workers": 2,
+        "batch_10k_s" if args.tasks == 10_000 else "batch_s": round(sky["batch_s"], 3),
+        "rtt_p50_ms": round(sky["rtt_p50_ms"], 3), "rtt_p99_ms": round(sky["rtt_p99_ms"], 3),
+        "startup_s": round(sky["startup_s"], 2),
+        "peers": {k: {kk: round(vv, 3) for kk, vv in v.items()} for k, v in results.items() if k != "skyfn"},
+        "ratios": {k: round(v, 2) for k, v in ratios.items()},
+    }
+    if args.json:
+        print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
