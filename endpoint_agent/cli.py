@@ -23,7 +23,7 @@ from typing import Optional
 
 import typer
 
-from endpoint_agent.config import ConfigError, load_config, write_template
+from endpoint_agent.config import ConfigError, load_config, resolve_service, write_template
 from endpoint_agent.paths import EndpointPaths, endpoints_dir
 from endpoint_agent.pidfile import AlreadyRunning, PidFile, running_pid
 from endpoint_agent.procutil import child_env, pid_alive
@@ -72,6 +72,12 @@ def start(name: str,
         write_template(paths)
         typer.echo(f"no configuration yet: wrote the default {paths.config}", err=True)
     config = _config(paths)
+    if not config.static_queues:
+        try:
+            resolve_service(config)  # fail here, in the user's terminal, rather than in the log
+        except ConfigError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2)
     pid = running_pid(paths.pid)
     if pid is not None:
         typer.echo(f"error: endpoint {name} is already running (pid {pid}); stop it first: skyfn-endpoint stop {name}",

@@ -44,6 +44,7 @@ log = logging.getLogger("skyfn.agent.interchange")
 # task record fields
 T_ID, T_FN, T_PAYLOAD, T_WALL, T_PACK, T_RECV, T_TRIES = range(7)
 MANAGER_CHECK_S = 0.2
+UPDATES_PER_BODY = 2000  # ~200 KB of TaskUpdates per result message at most
 RUNNING_UPDATE = "RUNNING"
 
 
@@ -392,22 +393,26 @@ class Interchange:
         """Hand buffered results, updates and acks to the outbox as one operation."""
         if not (self.results or self.updates or self.acks):
             return
-        bodies = []
+        eid = self.endpoint_id
         results, updates = self.results, self.updates
         batch = self.config.result_batch
-        if len(results) <= batch and self.results_bytes < PACK_MAX_BYTES:
-            bodies.append(wire.dumps({"endpoint_id": self.endpoint_id, "results": results, "updates": updates}))
+        bodies = []
+        if len(results) <= batch and self.results_bytes < PACK_MAX_BYTES and len(updates) <= UPDATES_PER_BODY:
+            bodies.append(wire.dumps({"endpoint_id": eid, "results": results, "updates": updates}))
         else:
             chunk: list = []
             size = 0
             for rec in results:
                 rb = 160 + len(rec.get("result") or "") + len(rec.get("error") or "")
                 if chunk and (len(chunk) >= batch or size + rb > PACK_MAX_BYTES):
-                    bodies.append(wire.dumps({"endpoint_id": self.endpoint_id, "results": chunk, "updates": []}))
+                    bodies.append(wire.dumps({"endpoint_id": eid, "results": chunk, "updates": []}))
                     chunk, size = [], 0
                 chunk.append(rec)
                 size += rb
-            bodies.append(wire.dumps({"endpoint_id": self.endpoint_id, "results": chunk, "updates": updates}))
+            if chunk:
+                bodies.append(wire.dumps({"endpoint_id": eid, "results": chunk, "updates": []}))
+            for i in range(0, len(updates), UPDATES_PER_BODY):
+                bodies.append(wire.dumps({"endpoint_id": eid, "results": [], "updates": updates[i:i + UPDATES_PER_BODY]}))
         self.outbox.put(bodies=bodies, acks=self.acks)
         self.results, self.updates, self.acks = [], [], []
         self.results_bytes = 0
