@@ -1,0 +1,329 @@
+"""The SDK's Client: register functions, submit tasks singly or in batches, read their
+state and results, cancel them, and look up endpoints.
+
+Request bodies are plain dicts shaped like the models of ``skyfn.protocol.api`` (no model
+is built per task on the hot path); answers are read as plain dicts too.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Callable, Iterable, Optional, Union
+from urllib.parse import quote
+
+from skyfn.config import load_config
+from skyfn.http import HttpClient, SkyfnAPIError, SkyfnConnectionError, TaskNotFound
+from skyfn.protocol.api import MAX_STATUS_IDS, MAX_WAIT_SECONDS
+from skyfn.protocol.errors import (
+    SkyfnError,
+    TaskCancelled,
+    TaskFailed,
+    TaskTimedOut,
+)
+from skyfn.protocol.remote_exception import unwrap_exception
+from skyfn.protocol.serialize import deserialize, pack_args, serialize_function
+
+FINAL = frozenset({"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED"})
+
+# One POST /tasks carries at most this many tasks / about this many bytes of JSON; larger
+# batches are split, each request with its own idempotency key.
+REQUEST_MAX_TASKS = 5_000
+REQUEST_MAX_BYTES = 8 << 20
+_TASK_OVERHEAD = 128  # JSON keys, quotes, ids of one task entry
+
+# Extra read time beyond the long-poll wait before the SDK gives up on an answer.
+_POLL_MARGIN = 30.0
+
+FunctionRef = Union[str, Callable[..., Any]]
+
+
+class EndpointNotFound(SkyfnError, LookupError):
+    """No endpoint with this name is visible to you."""
+
+
+def task_outcome(task_id: str, st: dict) -> tuple[bool, Any]:
+    """(True, value) for SUCCEEDED; (False, exception) for every other final state.
+
+    FAILED with an ``error`` buffer rebuilds the function's own exception (remote traceback
+    attached); CANCELLED / TIMED_OUT / other failures become TaskCancelled / TaskTimedOut /
+    TaskFailed carrying the service's ``reason``. Never raises.
+    """
+    state = st.get("state")
+    try:
+        if state == "SUCCEEDED":
+            result = st.get("result")
+            return True, (deserialize(result) if result is not None else None)
+        error = st.get("error")
+        if state == "FAILED" and error:
+            return False, unwrap_exception(error)
+    except Exception as exc:  # a buffer we cannot decode is this task's failure, not ours
+        return False, exc
+    reason = st.get("reason")
+    if state == "CANCELLED":
+        return False, TaskCancelled(task_id, state, reason or "cancelled")
+    if state == "TIMED_OUT":
+        return False, TaskTimedOut(task_id, state, reason or "exceeded its walltime")
+    return False, TaskFailed(task_id, str(state), reason or "failed without an error report")
+
+
+def _task_size(task: dict) -> int:
+    p = task["payload"]
+    # JSON escapes quotes, backslashes and the header's newline; payloads are ASCII.
+    return len(p) + p.count('"') + p.count("\\") + _TASK_OVERHEAD
+
+
+def split_requests(tasks: list[dict], max_tasks: Optional[int] = None, max_bytes: Optional[int] = None) -> list[list[dict]]:
+    """Split tasks into POST /tasks bodies of at most ``max_tasks`` tasks / ~``max_bytes``."""
+    max_tasks = min(max_tasks or REQUEST_MAX_TASKS, REQUEST_MAX_TASKS)
+    max_bytes = max_bytes or REQUEST_MAX_BYTES
+    chunks: list[list[dict]] = []
+    cur: list[dict] = []
+    size = 0
+    for t in tasks:
+        s = _task_size(t)
+        if cur and (len(cur) >= max_tasks or size + s > max_bytes):
+            chunks.append(cur)
+            cur, size = [], 0
+        cur.append(t)
+        size += s
+    if cur:
+        chunks.append(cur)
+    return chunks
+
+
+class Batch:
+    """Tasks collected with :meth:`add` and submitted together by ``Client.batch_run``."""
+
+    def __init__(self, client: "Client", endpoint_id: Optional[str] = None):
+        self._client = client
+        self.endpoint_id = endpoint_id
+        self.tasks: list[dict] = []
+
+    def add(self, function_id: FunctionRef, *args: Any, endpoint_id: Optional[str] = None, **kwargs: Any) -> None:
+        if not isinstance(function_id, str):
+            function_id = self._client._function_id_for(function_id)
+        task = {"function_id": function_id, "payload": pack_args(args, kwargs)}
+        if endpoint_id:
+            task["endpoint_id"] = endpoint_id
+        elif not self.endpoint_id:
+            raise ValueError("no endpoint: pass endpoint_id to create_batch(...) or to add(...)")
+        self.tasks.append(task)
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __repr__(self) -> str:
+        return f"<Batch of {len(self.tasks)} tasks for {self.endpoint_id or 'per-task endpoints'}>"
+
+
+class Client:
+    """A connection to the skyfn service.
+
+    ``Client()`` reads ``$SKYFN_HOME/config.json`` (written by ``skyfn local up``); the
+    environment variables ``SKYFN_SERVICE_URL`` / ``SKYFN_TOKEN`` and the arguments
+    override it.
+    """
+
+    def __init__(
+        self,
+        service_url: Optional[str] = None,
+        token: Optional[str] = None,
+        *,
+        timeout: float = 60.0,
+        retries: int = 5,
+        backoff: float = 0.05,
+    ):
+        self.config = load_config(service_url, token)
+        self.service_url = self.config.service_url
+        self._http = HttpClient(self.service_url, self.config.token, timeout=timeout, retries=retries, backoff=backoff)
+        self._function_ids: dict[Any, str] = {}
+        self._endpoint_ids: dict[str, str] = {}
+
+    # -- lifecycle ------------------------------------------------------------------
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<skyfn.Client {self.service_url}>"
+
+    # -- functions ------------------------------------------------------------------
+    def register_function(
+        self, fn: Callable[..., Any], tag: Optional[str] = None, container: Optional[str] = None, name: Optional[str] = None
+    ) -> str:
+        """Register a function (serialized by value) and return its function id."""
+        body: dict[str, Any] = {"function": serialize_function(fn)}
+        body["name"] = name or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+        if tag is not None:
+            body["tag"] = tag
+        if container is not None:
+            body["container"] = container
+        # Safe to retry: a lost answer at worst leaves an unused duplicate registration.
+        return self._http.post("/functions", body)["function_id"]
+
+    def get_function(self, function_id: str) -> dict:
+        return self._http.get(f"/functions/{quote(function_id, safe='')}")
+
+    def _function_id_for(self, fn: Callable[..., Any]) -> str:
+        """Function id of a callable, registering it on first use (cached per object)."""
+        fid = self._function_ids.get(fn)
+        if fid is None:
+            fid = self._function_ids[fn] = self.register_function(fn)
+        return fid
+
+    # -- submitting -----------------------------------------------------------------
+    def run(self, function_id: FunctionRef, *args: Any, endpoint_id: Optional[str] = None, **kwargs: Any) -> str:
+        """Run one task and return its task id. ``function_id`` may also be a callable,
+        registered on first use."""
+        if not endpoint_id:
+            raise ValueError("endpoint_id is required (look one up with client.endpoint_id('local'))")
+        if not isinstance(function_id, str):
+            function_id = self._function_id_for(function_id)
+        task = {"function_id": function_id, "payload": pack_args(args, kwargs)}
+        return self.submit_tasks([task], endpoint_id)[0]
+
+    def create_batch(self, endpoint_id: Optional[str] = None) -> Batch:
+        return Batch(self, endpoint_id)
+
+    def batch_run(self, batch: Batch) -> list[str]:
+        """Submit a batch; returns task ids in the order the tasks were added."""
+        if not batch.tasks:
+            return []
+        return self.submit_tasks(batch.tasks, batch.endpoint_id)
+
+    def submit_tasks(self, tasks: list[dict], endpoint_id: Optional[str] = None, *, max_retries: Optional[int] = None) -> list[str]:
+        """POST /tasks for ready-made task dicts (``{"function_id", "payload"[, "endpoint_id"]}``),
+        split into requests of at most ~5,000 tasks / ~8 MB, each with its own idempotency
+        key that is reused by every retry of that request."""
+        ids: list[str] = []
+        for chunk in split_requests(tasks):
+            body: dict[str, Any] = {"tasks": chunk, "idempotency_key": uuid.uuid4().hex}
+            if endpoint_id:
+                body["endpoint_id"] = endpoint_id
+            if max_retries is not None:
+                body["max_retries"] = max_retries
+            try:
+                answer = self._http.post("/tasks", body)
+            except (SkyfnAPIError, SkyfnConnectionError) as exc:
+                exc.submitted_task_ids = list(ids)  # type: ignore[attr-defined]
+                raise
+            got = answer["task_ids"]
+            if len(got) != len(chunk):
+                raise SkyfnError(f"the service returned {len(got)} task ids for {len(chunk)} tasks")
+            ids.extend(got)
+        return ids
+
+    # -- reading --------------------------------------------------------------------
+    def get_task(self, task_id: str) -> dict:
+        """GET /tasks/{id}: state, events, retries, function, endpoint, and result/error
+        buffers when final. Raises TaskNotFound for an unknown id."""
+        try:
+            return self._http.get(f"/tasks/{quote(task_id, safe='')}")
+        except SkyfnAPIError as exc:
+            if exc.status == 404:
+                raise TaskNotFound(task_id, exc.message) from None
+            raise
+
+    def status(self, task_ids: list[str], wait: float = 0.0, include_events: bool = False) -> dict:
+        """One POST /tasks/status call (at most MAX_STATUS_IDS ids): the raw answer,
+        ``{"tasks": {id: TaskStatus}, "unknown": [...]}``."""
+        body: dict[str, Any] = {"task_ids": task_ids, "wait": float(wait)}
+        if include_events:
+            body["include_events"] = True
+        return self._http.post("/tasks/status", body, timeout=wait + _POLL_MARGIN)
+
+    def get_result(self, task_id: str, timeout: Optional[float] = None) -> Any:
+        """Wait for a task and return its result, or raise its exception.
+
+        Long-polls POST /tasks/status. Raises the function's own exception (with the
+        remote traceback attached), TaskCancelled / TaskTimedOut / TaskFailed, TaskNotFound,
+        or TimeoutError if it is not final within ``timeout`` seconds (None: wait forever).
+        """
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while True:
+            wait = MAX_WAIT_SECONDS if deadline is None else min(MAX_WAIT_SECONDS, max(0.0, deadline - time.monotonic()))
+            t0 = time.monotonic()
+            answer = self.status([task_id], wait=wait)
+            st = answer.get("tasks", {}).get(task_id)
+            if st is None:
+                raise TaskNotFound(task_id)
+            if st.get("state") in FINAL:
+                ok, value = task_outcome(task_id, st)
+                if ok:
+                    return value
+                raise value
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"task {task_id} is still {st.get('state')} after {timeout} s")
+            _guard_short_poll(t0, wait)
+
+    def get_batch_result(self, task_ids: Iterable[str], wait: float = 0.0) -> dict[str, dict]:
+        """Status of many tasks at once, like Globus Compute's: for each id a dict with
+        ``pending`` (bool), ``state`` (also as ``status``) and, when final, ``result`` or
+        ``exception``. ``wait`` long-polls until at least one of them is final."""
+        ids = list(dict.fromkeys(task_ids))
+        out: dict[str, dict] = {}
+        for i in range(0, len(ids), MAX_STATUS_IDS):
+            chunk = ids[i : i + MAX_STATUS_IDS]
+            answer = self.status(chunk, wait=min(wait, MAX_WAIT_SECONDS) if i == 0 else 0.0)
+            tasks = answer.get("tasks", {})
+            for tid in chunk:
+                st = tasks.get(tid)
+                if st is None:
+                    out[tid] = {"pending": False, "state": "UNKNOWN", "status": "UNKNOWN", "exception": TaskNotFound(tid)}
+                    continue
+                state = st.get("state")
+                entry: dict[str, Any] = {"pending": state not in FINAL, "state": state, "status": state}
+                if state in FINAL:
+                    ok, value = task_outcome(tid, st)
+                    entry["result" if ok else "exception"] = value
+                out[tid] = entry
+        return out
+
+    def cancel(self, task_id: str) -> bool:
+        """Cancel a task. True if it is now CANCELLED, False if it had already finished."""
+        try:
+            answer = self._http.delete(f"/tasks/{quote(task_id, safe='')}")
+        except SkyfnAPIError as exc:
+            if exc.status == 409:
+                return False
+            if exc.status == 404:
+                raise TaskNotFound(task_id, exc.message) from None
+            raise
+        return (answer or {}).get("state", "CANCELLED") == "CANCELLED"
+
+    # -- endpoints ------------------------------------------------------------------
+    def list_endpoints(self) -> list[dict]:
+        return self._http.get("/endpoints")["endpoints"]
+
+    def get_endpoint(self, endpoint_id: str) -> dict:
+        return self._http.get(f"/endpoints/{quote(endpoint_id, safe='')}")
+
+    def endpoint_id(self, name: str) -> str:
+        """Resolve an endpoint name (or id) to its id via GET /endpoints."""
+        cached = self._endpoint_ids.get(name)
+        if cached:
+            return cached
+        endpoints = self.list_endpoints()
+        matches = [e for e in endpoints if e.get("name") == name or e.get("endpoint_id") == name]
+        if not matches:
+            names = ", ".join(sorted({str(e.get("name")) for e in endpoints})) or "none"
+            raise EndpointNotFound(
+                f"no endpoint named {name!r} (yours: {names}). Start one with `skyfn local up` "
+                f"(endpoint 'local') or `skyfn-endpoint start {name}`."
+            )
+        matches.sort(key=lambda e: (e.get("status") != "online", -(e.get("last_heartbeat") or 0)))
+        eid = matches[0]["endpoint_id"]
+        self._endpoint_ids[name] = eid
+        return eid
+
+
+def _guard_short_poll(t0: float, wait: float) -> None:
+    """The service long-polls; if it answered "nothing final" far sooner than asked (it
+    does not honour ``wait``), pause briefly instead of spinning on it."""
+    if wait > 0.05 and time.monotonic() - t0 < wait / 2:
+        time.sleep(0.01)

@@ -1,0 +1,435 @@
+"""A ``concurrent.futures.Executor`` that runs functions on a skyfn endpoint.
+
+Threading model
+---------------
+* The caller's thread, in ``submit``/``map``: registers each distinct function once
+  (cached by the function object), serializes the arguments (so serialization errors
+  raise right there), creates the future and appends it to the submission queue.
+* ONE background thread (``skyfn-executor``), started on first use (and again after it
+  ended, idle, for ``_IDLE_EXIT`` seconds), does all the I/O:
+    1. sends queued submissions as POST /tasks batches (at ``batch_size`` tasks, as soon as
+       submissions stop arriving, or at the latest ``batch_interval`` seconds after the
+       oldest was queued; ``map`` flushes at once), each request with its own idempotency
+       key so a retried request creates nothing twice;
+    2. sends DELETE /tasks/{id} for futures cancelled by the user;
+    3. long-polls POST /tasks/status for all outstanding task ids with ``wait`` (the
+       service answers as soon as any is final) and resolves futures as results arrive.
+  It never sleeps between polls (the server's long poll paces it); it backs off only
+  after errors. The progress bar, if any, is driven from this thread only.
+* Futures are never left hanging: a submission that fails after the transport's retries,
+  or a status poll that keeps failing for ``max_poll_failures`` rounds, sets the error on
+  the futures concerned; an unexpected error in the thread fails every pending future.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from concurrent.futures import Executor as _BaseExecutor
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FuturesTimeoutError
+from typing import Any, Callable, Iterable, Iterator, Optional, TextIO, Union
+
+from skyfn.client import FINAL, Client, split_requests, task_outcome
+from skyfn.http import SkyfnAPIError, TaskNotFound
+from skyfn.protocol.api import MAX_STATUS_IDS
+from skyfn.protocol.serialize import pack_args
+
+log = logging.getLogger("skyfn.executor")
+
+# A submission stream is considered paused when no new submission arrived for this long.
+_QUIET = 0.0003
+# The background thread ends after this long with nothing to do (a later submit restarts it),
+# so executors that are never shut down do not keep threads forever.
+_IDLE_EXIT = 10.0
+# Long-poll wait while the user is still submitting, so new work is not held up long.
+_BUSY_WAIT = 0.05
+
+
+class SkyfnFuture(Future):
+    """A Future for one skyfn task; ``task_id`` is set once the task is submitted.
+    ``cancel()`` on a pending future also cancels the remote task."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.task_id: Optional[str] = None
+        self._executor: Optional["Executor"] = None
+
+    def cancel(self) -> bool:
+        if not super().cancel():
+            return False
+        ex, tid = self._executor, self.task_id
+        if ex is not None and tid is not None:
+            ex._request_cancel(tid)
+        return True
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1] + f" task_id={self.task_id}>"
+
+
+class Executor(_BaseExecutor):
+    """Run Python functions on a skyfn endpoint with the ``concurrent.futures`` API.
+
+    >>> with Executor(endpoint="local") as ex:
+    ...     print(sum(ex.map(pow, range(10), itertools.repeat(2))))
+    """
+
+    def __init__(
+        self,
+        endpoint_id: Optional[str] = None,
+        endpoint: str = "local",
+        client: Optional[Client] = None,
+        batch_size: int = 1000,
+        batch_interval: float = 0.005,
+        progress: Union[bool, TextIO] = False,
+        *,
+        poll_wait: float = 1.0,
+        max_poll_failures: int = 3,
+        container: Optional[str] = None,
+        tag: Optional[str] = None,
+    ):
+        self._own_client = client is None
+        self.client = client if client is not None else Client()
+        self.endpoint_id = endpoint_id or self.client.endpoint_id(endpoint)
+        self.batch_size = max(1, min(int(batch_size), 5_000))
+        self.batch_interval = max(0.0, float(batch_interval))
+        self.poll_wait = max(0.0, float(poll_wait))
+        self.max_poll_failures = max(0, int(max_poll_failures))
+        self.container = container
+        self.tag = tag
+        self._progress = progress
+
+        self._cv = threading.Condition(threading.RLock())
+        self._queue: list[tuple[SkyfnFuture, str, str]] = []  # (future, function_id, payload)
+        self._first_enqueued = 0.0
+        self._last_enqueued = 0.0
+        self._flush_now = False
+        self._outstanding: dict[str, SkyfnFuture] = {}  # task_id -> future; guarded by _cv
+        self._to_cancel: set[str] = set()
+        self._shutdown = False
+        self._thread: Optional[threading.Thread] = None
+        self._n_submitted = 0
+        self._poll_offset = 0
+        self._fn_lock = threading.Lock()
+        self._fn_ids: dict[Any, str] = {}
+        self._bar = None
+        self._broken: Optional[BaseException] = None
+
+    # -- public API -----------------------------------------------------------------
+    def submit(self, fn: Union[Callable[..., Any], str], /, *args: Any, **kwargs: Any) -> SkyfnFuture:
+        """Schedule ``fn(*args, **kwargs)`` on the endpoint; ``fn`` may also be a function id."""
+        fid = self._function_id(fn)
+        fut = SkyfnFuture()
+        self._enqueue([(fut, fid, pack_args(args, kwargs))], flush=False)
+        return fut
+
+    def map(
+        self, fn: Union[Callable[..., Any], str], *iterables: Iterable[Any], timeout: Optional[float] = None, chunksize: int = 1
+    ) -> Iterator[Any]:
+        """Like ``concurrent.futures.Executor.map``; every call is submitted at once (in
+        batches of ``batch_size``), results are yielded in order. ``chunksize`` is
+        accepted for compatibility; batching is the executor's own."""
+        end_time = None if timeout is None else timeout + time.monotonic()
+        fid = self._function_id(fn)
+        fs: list[SkyfnFuture] = []
+        pending: list[tuple[SkyfnFuture, str, str]] = []
+        for args in zip(*iterables):
+            fut = SkyfnFuture()
+            pending.append((fut, fid, pack_args(args, {})))
+            fs.append(fut)
+            if len(pending) >= self.batch_size:
+                self._enqueue(pending, flush=True)
+                pending = []
+        if pending:
+            self._enqueue(pending, flush=True)
+
+        def result_iterator() -> Iterator[Any]:
+            try:
+                fs.reverse()
+                while fs:
+                    if end_time is None:
+                        yield fs.pop().result()
+                    else:
+                        yield fs.pop().result(end_time - time.monotonic())
+            except FuturesTimeoutError:
+                raise
+            finally:
+                for f in fs:
+                    f.cancel()
+
+        return result_iterator()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop accepting work. With ``cancel_futures``, cancel every future not done yet
+        (queued ones locally, submitted ones also remotely). With ``wait``, return once
+        every future is done."""
+        with self._cv:
+            self._shutdown = True
+            if cancel_futures:
+                queued, self._queue = self._queue, []
+                self._n_submitted -= len(queued)
+                for fut, _, _ in queued:
+                    fut.cancel()
+                for fut in list(self._outstanding.values()):
+                    fut.cancel()  # -> _request_cancel
+            self._cv.notify_all()
+            thread = self._thread
+        if wait:
+            if thread is not None:
+                thread.join()
+            self._close_client()
+
+    @property
+    def outstanding(self) -> int:
+        """Tasks submitted by this executor whose results have not arrived yet."""
+        with self._cv:
+            return len(self._queue) + len(self._outstanding)
+
+    # -- caller side ----------------------------------------------------------------
+    def _function_id(self, fn: Union[Callable[..., Any], str]) -> str:
+        if isinstance(fn, str):
+            return fn
+        fid = self._fn_ids.get(fn)
+        if fid is None:
+            with self._fn_lock:
+                fid = self._fn_ids.get(fn)
+                if fid is None:
+                    fid = self._fn_ids[fn] = self.client.register_function(fn, tag=self.tag, container=self.container)
+        return fid
+
+    def _enqueue(self, items: list[tuple[SkyfnFuture, str, str]], flush: bool) -> None:
+        with self._cv:
+            if self._broken is not None:
+                raise RuntimeError(f"this skyfn Executor stopped after an internal error: {self._broken!r}")
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            for item in items:
+                item[0]._executor = self
+            now = time.monotonic()
+            if not self._queue:
+                self._first_enqueued = now
+            self._last_enqueued = now
+            self._queue.extend(items)
+            self._n_submitted += len(items)
+            if flush:
+                self._flush_now = True
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="skyfn-executor", daemon=True)
+                self._thread.start()
+            self._cv.notify_all()
+
+    def _request_cancel(self, task_id: str) -> None:
+        with self._cv:
+            if task_id in self._outstanding:
+                self._to_cancel.add(task_id)
+                self._cv.notify_all()
+
+    # -- background thread ----------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._open_bar()
+            while True:
+                batch: list = []
+                cancels: list[str] = []
+                with self._cv:
+                    while True:
+                        if self._to_cancel:
+                            cancels = list(self._to_cancel)
+                            self._to_cancel.clear()
+                            break
+                        if self._queue:
+                            now = time.monotonic()
+                            due = min(self._last_enqueued + _QUIET, self._first_enqueued + self.batch_interval)
+                            if self._flush_now or self._shutdown or len(self._queue) >= self.batch_size or now >= due:
+                                batch = self._queue[: self.batch_size]
+                                del self._queue[: len(batch)]
+                                if not self._queue:
+                                    self._flush_now = False
+                                else:
+                                    self._first_enqueued = now
+                                break
+                            self._cv.wait(due - now)
+                            continue
+                        if self._outstanding:
+                            break
+                        self._update_bar(idle=True)
+                        if self._shutdown:
+                            return
+                        if not self._cv.wait(_IDLE_EXIT) and not (self._queue or self._outstanding or self._to_cancel):
+                            self._thread = None  # idle: end; the next submit starts a new thread
+                            return
+                if cancels:
+                    self._send_cancels(cancels)
+                elif batch:
+                    self._send_batch(batch)
+                else:
+                    self._poll()
+                self._update_bar()
+        except BaseException as exc:  # never leave futures hanging
+            log.exception("skyfn executor thread failed")
+            self._fail_everything(exc)
+        finally:
+            self._close_bar()
+
+    def _send_batch(self, batch: list[tuple[SkyfnFuture, str, str]]) -> None:
+        live = [item for item in batch if not item[0].cancelled()]
+        dropped = len(batch) - len(live)
+        if dropped:
+            with self._cv:
+                self._n_submitted -= dropped
+        if not live:
+            return
+        tasks = [{"function_id": fid, "payload": payload} for _, fid, payload in live]
+        start = 0
+        for chunk in split_requests(tasks, max_tasks=self.batch_size):
+            items = live[start : start + len(chunk)]
+            start += len(chunk)
+            try:
+                ids = self.client.submit_tasks(chunk, self.endpoint_id)
+            except Exception as exc:  # already retried with the same idempotency key
+                with self._cv:
+                    self._n_submitted -= len(items)
+                for fut, _, _ in items:
+                    _set_exception(fut, exc)
+                continue
+            cancelled = []
+            with self._cv:
+                outstanding = self._outstanding
+                for (fut, _, _), tid in zip(items, ids):
+                    fut.task_id = tid
+                    if fut.cancelled():
+                        cancelled.append(tid)
+                    outstanding[tid] = fut
+                if cancelled:
+                    self._to_cancel.update(cancelled)
+
+    def _send_cancels(self, task_ids: list[str]) -> None:
+        for tid in task_ids:
+            try:
+                self.client.cancel(tid)
+            except Exception as exc:  # the local future is cancelled either way
+                log.warning("could not cancel task %s: %s", tid, exc)
+        with self._cv:
+            for tid in task_ids:
+                self._outstanding.pop(tid, None)
+
+    def _poll(self) -> None:
+        with self._cv:
+            n = len(self._outstanding)
+            if n == 0:
+                return
+            if n <= MAX_STATUS_IDS:
+                ids = list(self._outstanding)
+            else:  # more than one request holds: rotate through windows, oldest first
+                start = self._poll_offset if self._poll_offset < n else 0
+                ids = list(itertools.islice(self._outstanding, start, start + MAX_STATUS_IDS))
+                self._poll_offset = start + len(ids)
+            busy = bool(self._queue) or time.monotonic() - self._last_enqueued < self.poll_wait
+        wait = min(self.poll_wait, _BUSY_WAIT) if busy else self.poll_wait
+        t0 = time.monotonic()
+        try:
+            answer = self.client.status(ids, wait=wait)
+        except Exception as exc:
+            self._poll_failed(ids, exc)
+            return
+        self._poll_failures = 0
+        tasks = answer.get("tasks") or {}
+        unknown = answer.get("unknown") or ()
+        done: list[tuple[SkyfnFuture, str, dict]] = []
+        with self._cv:
+            pop = self._outstanding.pop
+            for tid, st in tasks.items():
+                if st.get("state") in FINAL:
+                    fut = pop(tid, None)
+                    if fut is not None:
+                        done.append((fut, tid, st))
+            lost = [(tid, pop(tid)) for tid in unknown if tid in self._outstanding]
+        for fut, tid, st in done:
+            ok, value = task_outcome(tid, st)
+            if ok:
+                _set_result(fut, value)
+            else:
+                _set_exception(fut, value)
+        for tid, fut in lost:
+            _set_exception(fut, TaskNotFound(tid))
+        if not done and not lost and wait > 0.05 and time.monotonic() - t0 < wait / 2:
+            time.sleep(0.01)  # the service did not honour wait: do not spin on it
+
+    _poll_failures = 0
+
+    def _poll_failed(self, ids: list[str], exc: Exception) -> None:
+        permanent = isinstance(exc, SkyfnAPIError) and 400 <= exc.status < 500 and exc.status != 429
+        self._poll_failures += 1
+        if permanent or self._poll_failures > self.max_poll_failures:
+            log.error("giving up on %d tasks after %d failed status polls: %s", len(ids), self._poll_failures, exc)
+            with self._cv:
+                futs = [self._outstanding.pop(tid) for tid in ids if tid in self._outstanding]
+            for fut in futs:
+                _set_exception(fut, exc)
+            self._poll_failures = 0
+            return
+        log.warning("status poll failed (%d/%d): %s", self._poll_failures, self.max_poll_failures, exc)
+        with self._cv:  # back off, but wake for shutdown/cancel
+            self._cv.wait(min(0.2 * 2 ** self._poll_failures, 5.0))
+
+    def _fail_everything(self, exc: BaseException) -> None:
+        with self._cv:
+            futs = [item[0] for item in self._queue] + list(self._outstanding.values())
+            self._queue.clear()
+            self._outstanding.clear()
+            self._broken = exc
+        err = exc if isinstance(exc, Exception) else RuntimeError(f"skyfn executor stopped: {exc!r}")
+        for fut in futs:
+            _set_exception(fut, err)
+
+    # -- progress bar (background thread only) ---------------------------------------
+    def _open_bar(self) -> None:
+        if not self._progress:
+            return
+        from tqdm.auto import tqdm
+
+        kwargs: dict[str, Any] = {"total": 0, "unit": "task", "desc": "skyfn", "dynamic_ncols": True}
+        if self._progress is not True and hasattr(self._progress, "write"):
+            kwargs["file"] = self._progress
+        self._bar = tqdm(**kwargs)
+
+    def _update_bar(self, idle: bool = False) -> None:
+        bar = self._bar
+        if bar is None:
+            return
+        total = self._n_submitted
+        done = total - len(self._queue) - len(self._outstanding)
+        if bar.total != total:
+            bar.total = total
+        if done != bar.n:
+            bar.update(done - bar.n)
+        if idle:
+            bar.refresh()
+
+    def _close_bar(self) -> None:
+        if self._bar is not None:
+            try:
+                self._update_bar()
+                self._bar.close()
+            finally:
+                self._bar = None
+
+    def _close_client(self) -> None:
+        if self._own_client:
+            self.client.close()
+
+
+def _set_result(fut: Future, value: Any) -> None:
+    if fut.set_running_or_notify_cancel():
+        fut.set_result(value)
+
+
+def _set_exception(fut: Future, exc: BaseException) -> None:
+    if fut.done():
+        return
+    try:
+        if fut.set_running_or_notify_cancel():
+            fut.set_exception(exc)
+    except RuntimeError:  # already running/finished: someone else resolved it
+        pass

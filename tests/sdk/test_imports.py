@@ -1,0 +1,27 @@
+"""The SDK installs light: it imports nothing above skyfn.protocol, and importing
+skyfn.protocol (workers, handlers) does not drag in the SDK's HTTP stack."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+HEAVY = ("boto3", "botocore", "lambdas", "infra", "endpoint_agent", "comm", "rendezvous", "redis", "zmq", "moto")
+
+
+def _modules_after(code: str) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", code + "\nimport sys; print('\\n'.join(sys.modules))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()
+    return {m.split(".")[0] for m in out}
+
+
+def test_sdk_imports_nothing_above_protocol():
+    mods = _modules_after("import skyfn; skyfn.Client; skyfn.Executor; import skyfn.config, skyfn.http")
+    assert not mods & set(HEAVY), mods & set(HEAVY)
+    assert "requests" in mods
+
+
+def test_protocol_import_stays_light():
+    mods = _modules_after("import skyfn.protocol")
+    assert not mods & {"requests", "tqdm", "urllib3"}
