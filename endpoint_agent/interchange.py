@@ -149,7 +149,7 @@ class Interchange:
         identity = f"m{os.getpid()}.{self.manager_gen}".encode()
         cmd = [sys.executable, "-m", "endpoint_agent.manager", "--interchange", self.address,
                "--identity", identity.decode(), "--workers", str(self.config.workers),
-               "--capacity", str(self.capacity), "--log-level", self.config.log_level]
+               "--capacity", str(self.capacity), "--log-level", self.config.log_level, "--parent", str(os.getpid())]
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=child_env())
         self.manager = ManagerHandle(proc, identity)
         log.info("started manager pid %s with %d workers", proc.pid, self.config.workers)

@@ -57,7 +57,7 @@ class WorkerProc:
 
 
 class Manager:
-    def __init__(self, interchange: str, identity: str, workers: int, capacity: int):
+    def __init__(self, interchange: str, identity: str, workers: int, capacity: int, parent: int):
         self.n_workers = workers
         self.capacity = max(capacity, workers)
         self.ctx = zmq.Context(1)
@@ -89,7 +89,7 @@ class Manager:
         self.running_reported: set[int] = set()
         self.avg_task_s = 0.0005
         self.stopping = False
-        self.parent = os.getppid()
+        self.parent = parent
 
     # --- workers -----------------------------------------------------------
     def spawn(self, slot: int) -> None:
@@ -98,7 +98,7 @@ class Manager:
         self.slots.reset(slot)
         cmd = [sys.executable, "-m", "endpoint_agent.worker", "--connect", self.worker_addr,
                "--identity", identity.decode(), "--slot", str(slot), "--slots", str(self.n_workers),
-               "--slots-fd", str(self.slots.fd)]
+               "--slots-fd", str(self.slots.fd), "--parent", str(os.getpid())]
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, pass_fds=(self.slots.fd,), env=child_env())
         w = WorkerProc(slot, self.gen, proc, identity)
         self.workers[slot] = w
@@ -345,11 +345,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, required=True)
     ap.add_argument("--capacity", type=int, required=True)
     ap.add_argument("--log-level", default="INFO")
+    ap.add_argument("--parent", type=int, required=True, help="the agent's pid")
     args = ap.parse_args(argv)
     die_with_parent()
+    if os.getppid() != args.parent:  # the agent died while we were starting
+        return 0
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
-    manager = Manager(args.interchange, args.identity, args.workers, args.capacity)
+    manager = Manager(args.interchange, args.identity, args.workers, args.capacity, args.parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: setattr(manager, "stopping", True))
     return manager.run()

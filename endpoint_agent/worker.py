@@ -94,10 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slot", type=int, required=True)
     ap.add_argument("--slots", type=int, required=True)
     ap.add_argument("--slots-fd", type=int, required=True)
+    ap.add_argument("--parent", type=int, required=True, help="the manager's pid")
     args = ap.parse_args(argv)
 
     die_with_parent()
-    parent = os.getppid()
+    parent = args.parent
+    if os.getppid() != parent:  # the manager died while we were starting
+        return 0
     # Ctrl-C in a foreground agent reaches the whole process group: the agent decides.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
