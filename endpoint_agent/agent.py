@@ -101,7 +101,9 @@ class Agent:
             "started": self.started, "updated": time.time(), "consumer": self.consumer,
             "manager_pid": m.proc.pid if m else None, "worker_pids": list(m.worker_pids) if m else [],
             "interchange": ix.address if ix else None,
-            "task_queue": self.task_queue_desc.model_dump() if self.task_queue_desc else None,
+            # kind and name only: a queue URL may carry credentials
+            "task_queue": ({"kind": self.task_queue_desc.kind, "name": self.task_queue_desc.name}
+                           if self.task_queue_desc else None),
             **self.stats(),
         }
 

@@ -70,7 +70,7 @@ class EndpointConfig(BaseModel):
     heartbeat_period: float = Field(default=10.0, ge=0.1, le=3600)
     lease_seconds: float = Field(default=60.0, ge=1, le=43200)
     receive_batch: int = Field(default=10, ge=1, le=1000)
-    receive_wait: float = Field(default=2.0, ge=0, le=20)
+    receive_wait: float = Field(default=1.0, ge=0, le=20)
     result_flush_ms: float = Field(default=5.0, ge=0, le=10000)
     result_batch: int = Field(default=500, ge=1, le=10000)
     grace_period: float = Field(default=30.0, ge=0, le=86400)
@@ -163,7 +163,7 @@ provider: local            # allowed: local
 # --- Queue and results -------------------------------------------------------
 # lease_seconds: 60        # visibility timeout of task messages, extended every lease_seconds/3
 # receive_batch: 10        # messages (task packs) per receive
-# receive_wait: 2          # long-poll wait, seconds
+# receive_wait: 1          # long-poll wait, seconds (also bounds how long a stop waits for it)
 # result_batch: 500        # results per result message at most
 # result_flush_ms: 5       # results are sent at most this long after the previous send
 # heartbeat_period: 10     # seconds between heartbeats to the service
@@ -177,7 +177,9 @@ def write_template(paths: EndpointPaths, force: bool = False) -> Path:
     if paths.config.exists() and not force:
         raise FileExistsError(f"{paths.config} exists; use --force to overwrite it")
     tmp = paths.config.with_suffix(".yaml.tmp")
-    tmp.write_text(template(paths.name))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it may come to hold a token
+    with os.fdopen(fd, "w") as f:
+        f.write(template(paths.name))
     os.replace(tmp, paths.config)
     return paths.config
 

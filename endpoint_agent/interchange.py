@@ -168,9 +168,9 @@ class Interchange:
         for key in reversed(lost):
             if key in self.tasks:
                 self.pending.appendleft(key)
-        quick = mono - m.started < 5.0
+        quick = not m.registered or mono - m.started < 1.0  # died right after start: back off
         self.manager_failures = self.manager_failures + 1 if quick else 0
-        delay = min(10.0, 0.25 * 2 ** self.manager_failures) if self.manager_failures else 0.0
+        delay = min(10.0, 0.25 * 2 ** self.manager_failures) if self.manager_failures > 1 else 0.0
         self.manager_restart_at = mono + delay
         if not self.closing:
             log.error("manager (pid %s) %s; %d task(s) go back to the queue; restarting it%s", m.proc.pid,
@@ -292,6 +292,8 @@ class Interchange:
                 continue
             batch.append((key, t[T_FN], t[T_PAYLOAD], t[T_WALL]))
             fids.add(t[T_FN])
+        if not batch:
+            return
         new = fids - m.known
         fns = {fid: self.functions[fid] for fid in new}
         try:
@@ -300,7 +302,7 @@ class Interchange:
             log.debug("dispatch to manager failed (%s); will retry", exc)
             pending.extendleft(reversed([b[0] for b in batch]))
             return
-        m.credit -= n
+        m.credit -= len(batch)  # the manager counts what it receives
         m.known |= new
         m.assigned.update(b[0] for b in batch)
 

@@ -124,7 +124,8 @@ class Manager:
         self.workers[w.slot] = None
         quick = time.monotonic() - w.started_at < 2.0 and not w.reported
         self.fail_streak[w.slot] = self.fail_streak[w.slot] + 1 if quick else 0
-        delay = 0.0 if not self.fail_streak[w.slot] else min(RESPAWN_BACKOFF_MAX_S, 0.1 * 2 ** self.fail_streak[w.slot])
+        streak = self.fail_streak[w.slot]  # deaths in a row right after start: back off
+        delay = 0.0 if streak <= 1 else min(RESPAWN_BACKOFF_MAX_S, 0.1 * 2 ** streak)
         self.respawn_at[w.slot] = time.monotonic() + delay
         level = logging.INFO if w.kill_reason else logging.WARNING
         log.log(level, "worker %s (pid %s) %s; %d task(s) requeued, %d lost; replacing it%s", w.slot, w.proc.pid,
@@ -314,6 +315,8 @@ class Manager:
             self.shutdown()
 
     def shutdown(self) -> None:
+        """STOP to every worker; the idle ones leave at once, the ones still in user code
+        get SIGTERM after a moment, SIGKILL if that does not end them."""
         self.stopping = True
         alive = [w for w in self.workers if w is not None and w.proc.poll() is None]
         for w in alive:
@@ -321,10 +324,15 @@ class Manager:
                 self.wsock.send_multipart([w.identity, wire.STOP, b""], zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
-            try:
-                w.proc.terminate()  # a worker busy in user code stops now; its tasks are redelivered
-            except OSError:
-                pass
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline and any(w.proc.poll() is None for w in alive):
+            time.sleep(0.01)
+        for w in alive:
+            if w.proc.poll() is None:
+                try:
+                    w.proc.terminate()
+                except OSError:
+                    pass
         deadline = time.monotonic() + 3.0
         for w in alive:
             try:

@@ -52,5 +52,5 @@ class EndpointPaths:
         return self.dir / "status.json"
 
     def ensure(self) -> "EndpointPaths":
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         return self

@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # leaving anyway: no interrupt inside the clean-up
         sock.close(linger=500)
         ctx.term()
         slots.close()

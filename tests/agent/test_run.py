@@ -169,6 +169,7 @@ def test_sigterm_finishes_in_flight_tasks(queues, agent_factory):
     assert all(r["state"] == "SUCCEEDED" for r in results.values())
     assert queues.tasks.depth() == 0
     assert agent.status()["state"] == "stopped"
+    assert "Traceback" not in agent.tail(400)
 
 
 def test_killed_manager_is_restarted(queues, agent_factory):
