@@ -16,6 +16,7 @@ import builtins
 import inspect
 import io
 import json
+import linecache
 import pickle
 import sys
 import textwrap
@@ -225,8 +226,11 @@ class SourceStrategy(Strategy):
                 for part in entry[2].split("."):
                     obj = getattr(obj, part)
                 namespace[name] = obj
-        for src in spec["functions"]:
-            exec(compile(src, f"<skyfn source of {spec['name']}>", "exec"), namespace)
+        for i, src in enumerate(spec["functions"]):
+            filename = f"<skyfn source of {spec['name']}#{i}>"
+            # Known to linecache, so remote tracebacks show the user's source lines.
+            linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
+            exec(compile(src, filename, "exec"), namespace)
         return namespace[spec["name"]]
 
 

@@ -199,3 +199,16 @@ def test_source_strategy_survives_a_python_version_change(tmp_path):
     assert out.returncode == 0, out.stderr
     version, value = out.stdout.split()
     assert version != PYTHON_VERSION and value == "21"
+
+
+def divide(a, b):
+    return a / b
+
+
+def test_remote_traceback_of_source_function_shows_its_lines():
+    fn = deserialize(serialize_function(divide))
+    try:
+        fn(1, 0)
+    except ZeroDivisionError as exc:
+        buf = wrap_exception(exc)
+    assert "return a / b" in unwrap_exception(buf).remote_traceback
