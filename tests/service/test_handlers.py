@@ -141,3 +141,30 @@ def test_purge_waits_for_history(api, submitted):
     apply_pack(ResultPack(endpoint_id=ep, results=[TaskResult(task_id=ids[0], state="SUCCEEDED", result="json 3.11\n0")]))
     deps.redis_client().zadd("purge", {ids[0]: 0})
     assert reap()["purged"] == 0 and deps.redis_client().exists(f"t:{ids[0]}")
+
+
+def test_service_on_sqs_queues(api, monkeypatch, unique):
+    """The AWS shape: tasks packed into SQS messages, results consumed from SQS."""
+    from lambdas.core import deps
+    from lambdas.results import handler as results_handler
+    from skyfn.protocol.messages import TaskPack
+    from skyfn.protocol.queues import open_queue
+
+    monkeypatch.setenv("SKYFN_QUEUE_KIND", "sqs")
+    monkeypatch.setenv("SKYFN_SQS_PREFIX", f"q{unique}")
+    deps.reset()
+    _, f = api.call("POST", "/functions", {"function": serialize_function(inc)})
+    status, e = api.call("POST", "/endpoints", {"name": "cloud"})
+    assert status == 201 and e["task_queue"]["kind"] == "sqs" and e["task_queue"]["url"].startswith("http")
+    _, s = api.call("POST", "/tasks", {"endpoint_id": e["endpoint_id"],
+                                       "tasks": [{"function_id": f["function_id"], "payload": pack_args((i,), {})} for i in range(600)]})
+    queue = open_queue(e["task_queue"], consumer="agent", visibility_timeout=30)
+    msgs = queue.receive(max_messages=10, wait_seconds=1)
+    packs = [TaskPack.model_validate_json(m.body) for m in msgs]
+    assert sorted(t.task_id for p in packs for t in p.tasks) == sorted(s["task_ids"])  # 600 tasks in 2 messages
+    assert len(msgs) == 2 and all(f["function_id"] in p.functions for p in packs)
+    results = ResultPack(endpoint_id=e["endpoint_id"], results=[
+        TaskResult(task_id=t, state="SUCCEEDED", result="json 3.11\n1") for t in s["task_ids"]])
+    assert results_handler(sqs_event([results.model_dump_json()]), Context()) == {"batchItemFailures": []}
+    got, _ = states(api, s["task_ids"])
+    assert set(got.values()) == {"SUCCEEDED"}
