@@ -229,12 +229,17 @@ class Client:
                 raise TaskNotFound(task_id, exc.message) from None
             raise
 
-    def status(self, task_ids: list[str], wait: float = 0.0, include_events: bool = False) -> dict:
+    def status(
+        self, task_ids: list[str], wait: float = 0.0, include_events: bool = False, cursor: Optional[str] = None
+    ) -> dict:
         """One POST /tasks/status call (at most MAX_STATUS_IDS ids): the raw answer,
-        ``{"tasks": {id: TaskStatus}, "unknown": [...]}``."""
+        ``{"tasks": {id: TaskStatus}, "unknown": [...], "cursor": ...}``. With the
+        ``cursor`` of a previous answer, only tasks finished since then are returned."""
         body: dict[str, Any] = {"task_ids": task_ids, "wait": float(wait)}
         if include_events:
             body["include_events"] = True
+        if cursor:
+            body["cursor"] = cursor
         return self._http.post("/tasks/status", body, timeout=wait + _POLL_MARGIN)
 
     def get_result(self, task_id: str, timeout: Optional[float] = None) -> Any:

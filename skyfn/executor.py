@@ -106,6 +106,7 @@ class Executor(_BaseExecutor):
         self._last_enqueued = 0.0
         self._flush_now = False
         self._outstanding: dict[str, SkyfnFuture] = {}  # task_id -> future; guarded by _cv
+        self._inflight: list[SkyfnFuture] = []  # taken from the queue, POST /tasks not answered yet
         self._to_cancel: set[str] = set()
         self._shutdown = False
         self._thread: Optional[threading.Thread] = None
@@ -171,8 +172,8 @@ class Executor(_BaseExecutor):
                 self._n_submitted -= len(queued)
                 for fut, _, _ in queued:
                     fut.cancel()
-                for fut in list(self._outstanding.values()):
-                    fut.cancel()  # -> _request_cancel
+                for fut in self._inflight + list(self._outstanding.values()):
+                    fut.cancel()  # submitted: -> _request_cancel; in flight: seen by _send_batch
             self._cv.notify_all()
             thread = self._thread
         if wait:
@@ -184,7 +185,7 @@ class Executor(_BaseExecutor):
     def outstanding(self) -> int:
         """Tasks submitted by this executor whose results have not arrived yet."""
         with self._cv:
-            return len(self._queue) + len(self._outstanding)
+            return len(self._queue) + len(self._inflight) + len(self._outstanding)
 
     # -- caller side ----------------------------------------------------------------
     def _function_id(self, fn: Union[Callable[..., Any], str]) -> str:
@@ -244,6 +245,7 @@ class Executor(_BaseExecutor):
                             if self._flush_now or self._shutdown or len(self._queue) >= self.batch_size or now >= due:
                                 batch = self._queue[: self.batch_size]
                                 del self._queue[: len(batch)]
+                                self._inflight = [item[0] for item in batch]
                                 if not self._queue:
                                     self._flush_now = False
                                 else:
@@ -275,9 +277,9 @@ class Executor(_BaseExecutor):
     def _send_batch(self, batch: list[tuple[SkyfnFuture, str, str]]) -> None:
         live = [item for item in batch if not item[0].cancelled()]
         dropped = len(batch) - len(live)
-        if dropped:
-            with self._cv:
-                self._n_submitted -= dropped
+        with self._cv:
+            self._inflight = [item[0] for item in live]
+            self._n_submitted -= dropped
         if not live:
             return
         tasks = [{"function_id": fid, "payload": payload} for _, fid, payload in live]
@@ -289,12 +291,14 @@ class Executor(_BaseExecutor):
                 ids = self.client.submit_tasks(chunk, self.endpoint_id)
             except Exception as exc:  # already retried with the same idempotency key
                 with self._cv:
+                    self._inflight = self._inflight[len(items):]
                     self._n_submitted -= len(items)
                 for fut, _, _ in items:
                     _set_exception(fut, exc)
                 continue
             cancelled = []
             with self._cv:
+                self._inflight = self._inflight[len(items):]
                 outstanding = self._outstanding
                 for (fut, _, _), tid in zip(items, ids):
                     fut.task_id = tid
@@ -319,21 +323,28 @@ class Executor(_BaseExecutor):
             n = len(self._outstanding)
             if n == 0:
                 return
-            if n <= MAX_STATUS_IDS:
+            # With every outstanding id in the request, the previous answer's cursor makes
+            # the service return only tasks finished since then (O(finished), not
+            # O(outstanding)). Tasks submitted later finish later, so none is missed.
+            # A partial window must not use it: finishes outside the window would be skipped.
+            whole = n <= MAX_STATUS_IDS
+            if whole:
                 ids = list(self._outstanding)
             else:  # more than one request holds: rotate through windows, oldest first
                 start = self._poll_offset if self._poll_offset < n else 0
                 ids = list(itertools.islice(self._outstanding, start, start + MAX_STATUS_IDS))
                 self._poll_offset = start + len(ids)
+                self._cursor = None
             busy = bool(self._queue) or time.monotonic() - self._last_enqueued < self.poll_wait
         wait = min(self.poll_wait, _BUSY_WAIT) if busy else self.poll_wait
         t0 = time.monotonic()
         try:
-            answer = self.client.status(ids, wait=wait)
+            answer = self.client.status(ids, wait=wait, cursor=self._cursor)
         except Exception as exc:
             self._poll_failed(ids, exc)
             return
         self._poll_failures = 0
+        self._cursor = answer.get("cursor") if whole else None
         tasks = answer.get("tasks") or {}
         unknown = answer.get("unknown") or ()
         done: list[tuple[SkyfnFuture, str, dict]] = []
@@ -357,6 +368,7 @@ class Executor(_BaseExecutor):
             time.sleep(0.01)  # the service did not honour wait: do not spin on it
 
     _poll_failures = 0
+    _cursor: Optional[str] = None
 
     def _poll_failed(self, ids: list[str], exc: Exception) -> None:
         permanent = isinstance(exc, SkyfnAPIError) and 400 <= exc.status < 500 and exc.status != 429
@@ -375,8 +387,9 @@ class Executor(_BaseExecutor):
 
     def _fail_everything(self, exc: BaseException) -> None:
         with self._cv:
-            futs = [item[0] for item in self._queue] + list(self._outstanding.values())
+            futs = [item[0] for item in self._queue] + self._inflight + list(self._outstanding.values())
             self._queue.clear()
+            self._inflight = []
             self._outstanding.clear()
             self._broken = exc
         err = exc if isinstance(exc, Exception) else RuntimeError(f"skyfn executor stopped: {exc!r}")
@@ -399,7 +412,7 @@ class Executor(_BaseExecutor):
         if bar is None:
             return
         total = self._n_submitted
-        done = total - len(self._queue) - len(self._outstanding)
+        done = total - len(self._queue) - len(self._inflight) - len(self._outstanding)
         if bar.total != total:
             bar.total = total
         if done != bar.n:

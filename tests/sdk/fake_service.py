@@ -49,6 +49,8 @@ class FakeService:
         self.gate.set()
         self.stopped = False
         self.connections: set = set()
+        self.done_log: list[str] = []  # task ids in the order they became final (cursor = index)
+        self.cursor_polls = 0
         self._ids = itertools.count(1)
         self._fn_cache: dict[str, Any] = {}
         self._runq: "queue.Queue[Optional[str]]" = queue.Queue()
@@ -87,7 +89,7 @@ class FakeService:
 
     def inject(self, method: str, path: str, action: str, times: int = 1) -> None:
         """action: drop_after (process, then close without answering), drop_before,
-        503_after (process, then answer 503), 503_before."""
+        503_after (process, then answer 503), 503_before, slow_after (answer 0.3 s late)."""
         self.faults.extend([(method, path, action)] * times)
 
     def finish(self, task_id: str, state: str, reason: Optional[str] = None) -> None:
@@ -95,6 +97,7 @@ class FakeService:
             t = self.tasks[task_id]
             t.update(state=state, reason=reason)
             t["events"].append((state, time.time()))
+            self.done_log.append(task_id)
             self.lock.notify_all()
 
     def count(self, method: str, path: str) -> int:
@@ -129,6 +132,7 @@ class FakeService:
                 if t["state"] == "RUNNING":
                     t.update(out)
                     t["events"].append((out["state"], time.time()))
+                    self.done_log.append(tid)
                     self.lock.notify_all()
 
     # -- routes ---------------------------------------------------------------------
@@ -182,6 +186,7 @@ class FakeService:
                     raise ApiError(409, "conflict", f"task {parts[1]} is already {t['state']}")
                 t.update(state="CANCELLED", reason="cancelled by its owner")
                 t["events"].append(("CANCELLED", time.time()))
+                self.done_log.append(t["task_id"])
                 self.lock.notify_all()
                 return 200, self._status_of(t)
         raise ApiError(404, "not_found", f"no route {method} {path}")
@@ -218,10 +223,27 @@ class FakeService:
         return 202, answer
 
     def _status(self, body: Any) -> tuple[int, Any]:
+        """Like the service: without a cursor every id is answered; with the cursor of a
+        previous answer only the requested tasks finished since then."""
         req = _validate(api.StatusRequest, body)
         deadline = time.monotonic() + req.wait
         with self.lock:
+            if req.cursor is not None:
+                self.cursor_polls += 1
+                since = int(req.cursor.split("-")[0])
+                wanted = set(req.task_ids)
+                while True:
+                    changed = [i for i in self.done_log[since:] if i in wanted]
+                    left = deadline - time.monotonic()
+                    if changed or left <= 0:
+                        break
+                    self.lock.wait(left)
+                return 200, {
+                    "tasks": {i: self._status_of(self.tasks[i], req.include_events) for i in dict.fromkeys(changed)},
+                    "unknown": [], "cursor": f"{len(self.done_log)}-0",
+                }
             while True:
+                cursor = f"{len(self.done_log)}-0"
                 known = [self.tasks[i] for i in req.task_ids if i in self.tasks]
                 if len(known) < len(req.task_ids) or any(t["state"] in FINAL for t in known):
                     break  # something to report: a final task, or an unknown id
@@ -232,6 +254,7 @@ class FakeService:
             return 200, {
                 "tasks": {t["task_id"]: self._status_of(t, req.include_events) for t in known},
                 "unknown": [i for i in req.task_ids if i not in self.tasks],
+                "cursor": cursor,
             }
 
 
@@ -302,6 +325,8 @@ def _make_handler(service: FakeService):
                 status, answer = service.handle(method, path, body)
             except ApiError as exc:
                 status, answer = exc.status, {"error": exc.code, "message": exc.message}
+            if fault == "slow_after":
+                time.sleep(0.3)
             if fault == "drop_after":
                 return self._drop()
             if fault == "503_after":

@@ -125,6 +125,21 @@ def test_shutdown_cancel_futures(client, service):
     service.gate.set()
 
 
+def test_shutdown_cancel_futures_while_submission_in_flight(client, service):
+    service.gate.clear()
+    service.inject("POST", "/tasks", "slow_after")
+    ex = Executor(client=client)
+    futs = [ex.submit(funcs.square, i) for i in range(5)]
+    deadline = time.monotonic() + 5
+    while not service.count("POST", "/tasks") and time.monotonic() < deadline:
+        time.sleep(0.005)
+    ex.shutdown(wait=True, cancel_futures=True)  # must not wait for tasks that never run
+    assert all(f.cancelled() for f in futs)
+    # what reached the service is cancelled there; what was still queued never left
+    assert 1 <= len(service.tasks) <= 5 and all(t["state"] == "CANCELLED" for t in service.tasks.values())
+    service.gate.set()
+
+
 def test_shutdown_waits_for_results(client):
     with Executor(client=client) as ex:
         futs = [ex.submit(funcs.slow, 0.05, i) for i in range(4)]
@@ -246,3 +261,11 @@ def test_idle_thread_ends_and_restarts(client, monkeypatch):
     assert ex.submit(funcs.square, 6).result(timeout=5) == 36
     ex.shutdown()
     assert ex._thread is None or not ex._thread.is_alive()
+
+
+def test_polls_use_the_status_cursor(executor, service):
+    futs = [executor.submit(funcs.slow, 0.02, i) for i in range(20)]
+    futs += [executor.submit(funcs.square, i) for i in range(5)]
+    assert [f.result(timeout=10) for f in futs] == list(range(20)) + [i * i for i in range(5)]
+    # after the first full answer, polls only ask for what finished since the last one
+    assert service.cursor_polls >= 1
