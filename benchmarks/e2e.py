@@ -96,6 +96,8 @@ def bench_parsl(tasks: int, rtt_n: int) -> dict | None:
     except ImportError:
         return None
     logging.getLogger("parsl").setLevel(logging.WARNING)
+    # HTEX starts interchange.py and process_worker_pool.py from PATH: the venv's bin.
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     run_dir = tempfile.mkdtemp(prefix="parsl-bench-")
     config = Config(executors=[HighThroughputExecutor(label="htex", max_workers_per_node=2, cores_per_worker=1,
                                                       provider=LocalProvider(init_blocks=1, max_blocks=1))],

@@ -22,6 +22,7 @@ from skyfn.protocol.errors import (
 )
 from skyfn.protocol.remote_exception import unwrap_exception
 from skyfn.protocol.serialize import deserialize, pack_args, serialize_function
+from skyfn.protocol.states import STAGES, stage_latencies
 
 FINAL = frozenset({"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED"})
 
@@ -265,6 +266,18 @@ class Client:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"task {task_id} is still {st.get('state')} after {timeout} s")
             _guard_short_poll(t0, wait)
+
+    def stage_latencies(self, task_ids: Iterable[str]) -> dict[str, list[float]]:
+        """Seconds each task spent per stage (service, queue_wait, dispatch, run, return),
+        read back from the tasks' timestamped events; one list per stage."""
+        ids = list(dict.fromkeys(task_ids))
+        out: dict[str, list[float]] = {name: [] for name, _, _ in STAGES}
+        for i in range(0, len(ids), MAX_STATUS_IDS):
+            answer = self.status(ids[i : i + MAX_STATUS_IDS], include_events=True)
+            for st in answer.get("tasks", {}).values():
+                for name, seconds in stage_latencies([tuple(e) for e in st.get("events") or []]).items():
+                    out[name].append(seconds)
+        return out
 
     def get_batch_result(self, task_ids: Iterable[str], wait: float = 0.0) -> dict[str, dict]:
         """Status of many tasks at once, like Globus Compute's: for each id a dict with

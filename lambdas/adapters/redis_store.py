@@ -132,7 +132,8 @@ local key = 't:' .. ARGV[1]
 local s = redis.call('HGET', key, 's')
 if not s then return false end
 if redis.call('HGET', key, 'o') ~= ARGV[2] then return false end
-if s == 'SUCCEEDED' or s == 'FAILED' or s == 'TIMED_OUT' or s == 'CANCELLED' then return s end
+if s == 'CANCELLED' then return 'OK' end
+if s == 'SUCCEEDED' or s == 'FAILED' or s == 'TIMED_OUT' then return s end
 redis.call('HSET', key, 's', 'CANCELLED', 'why', 'cancelled by its owner',
            'ev', (redis.call('HGET', key, 'ev') or '') .. 'CANCELLED@' .. ARGV[3] .. ';')
 redis.call('HDEL', key, 'p')
@@ -245,7 +246,8 @@ class TaskStore:
         return int(requeued), int(failed)
 
     def cancel(self, owner: str, task_id: str) -> str | None:
-        """'OK' when cancelled, the final state when already final, None when unknown."""
+        """'OK' when cancelled (now or before: a retried cancel succeeds again), the final
+        state when it finished otherwise, None when unknown."""
         return _s(self._cancel(args=[task_id, owner, f"{time.time():.6f}", self.result_ttl]))
 
     # --- reads ---------------------------------------------------------------------
