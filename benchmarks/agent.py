@@ -1,6 +1,6 @@
 """Throughput and latency of the endpoint agent alone, against a real redis-server.
 
-    .venv/bin/python -m tests.agent.bench_agent [--tasks 10000] [--workers 2] [--json]
+    .venv/bin/python -m benchmarks.agent [--tasks 10000] [--workers 2] [--json]
 
 Starts a redis-server and a real agent (`skyfn-endpoint start --foreground` with its
 queues configured directly), pushes N no-op tasks as TaskPacks of 512 into the task
