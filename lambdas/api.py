@@ -146,7 +146,9 @@ def register_endpoint(body: Annotated[RegisterEndpoint, Body()]):
     info, created = registry.register_endpoint(_user(), body)
     _, task_queue = deps.task_queue(info.endpoint_id)
     _, results_queue = deps.results_queue()
-    out = EndpointRegistered(**info.model_dump(), task_queue=task_queue, results_queue=results_queue)
+    _, control_queue = deps.control_queue(info.endpoint_id)
+    out = EndpointRegistered(**info.model_dump(), task_queue=task_queue, results_queue=results_queue,
+                             control_queue=control_queue)
     return _json(201 if created else 200, out.model_dump())
 
 

@@ -27,6 +27,11 @@ class Settings:
             return f"{self.sqs_queue_prefix}-tasks-{endpoint_id}"
         return f"tasks:{endpoint_id}"
 
+    def control_queue_name(self, endpoint_id: str) -> str:
+        if self.queue_kind == "sqs":
+            return f"{self.sqs_queue_prefix}-control-{endpoint_id}"
+        return f"control:{endpoint_id}"
+
     @property
     def results_queue_name(self) -> str:
         return f"{self.sqs_queue_prefix}-results" if self.queue_kind == "sqs" else "results"

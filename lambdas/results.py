@@ -26,7 +26,8 @@ def apply_pack(pack: ResultPack) -> tuple[int, int, int]:
         store.progress([[u.task_id, u.state, u.ts, u.lease_seconds] for u in pack.updates])
     if not pack.results:
         return 0, 0, 0
-    rows = [[r.task_id, r.state, r.result, r.error, r.reason, format_events(r.events)] for r in pack.results]
+    rows = [[r.task_id, r.state, r.result, r.error, r.reason, format_events(r.events), r.stdout, r.stderr]
+            for r in pack.results]
     return store.finish(rows)
 
 

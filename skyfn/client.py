@@ -92,18 +92,33 @@ def split_requests(tasks: list[dict], max_tasks: Optional[int] = None, max_bytes
     return chunks
 
 
+def task_options(resource_specification: Optional[dict] = None, walltime: Optional[float] = None) -> dict:
+    """Per-task options of a submission: resources ({"cores": n, "gpus": n}) and walltime."""
+    opts: dict[str, Any] = {}
+    if resource_specification:
+        unknown = set(resource_specification) - {"cores", "gpus"}
+        if unknown:
+            raise ValueError(f"unknown resource_specification keys {sorted(unknown)}: allowed are 'cores' and 'gpus'")
+        opts["resources"] = dict(resource_specification)
+    if walltime is not None:
+        opts["walltime"] = float(walltime)
+    return opts
+
+
 class Batch:
     """Tasks collected with :meth:`add` and submitted together by ``Client.batch_run``."""
 
-    def __init__(self, client: "Client", endpoint_id: Optional[str] = None):
+    def __init__(self, client: "Client", endpoint_id: Optional[str] = None,
+                 resource_specification: Optional[dict] = None, walltime: Optional[float] = None):
         self._client = client
         self.endpoint_id = endpoint_id
         self.tasks: list[dict] = []
+        self._options = task_options(resource_specification, walltime)
 
     def add(self, function_id: FunctionRef, *args: Any, endpoint_id: Optional[str] = None, **kwargs: Any) -> None:
         if not isinstance(function_id, str):
             function_id = self._client._function_id_for(function_id)
-        task = {"function_id": function_id, "payload": pack_args(args, kwargs)}
+        task = {"function_id": function_id, "payload": pack_args(args, kwargs), **self._options}
         if endpoint_id:
             task["endpoint_id"] = endpoint_id
         elif not self.endpoint_id:
@@ -188,8 +203,11 @@ class Client:
         task = {"function_id": function_id, "payload": pack_args(args, kwargs)}
         return self.submit_tasks([task], endpoint_id)[0]
 
-    def create_batch(self, endpoint_id: Optional[str] = None) -> Batch:
-        return Batch(self, endpoint_id)
+    def create_batch(self, endpoint_id: Optional[str] = None, resource_specification: Optional[dict] = None,
+                     walltime: Optional[float] = None) -> Batch:
+        """A batch; resource_specification ({"cores": n, "gpus": n}) and walltime (s)
+        apply to each task added."""
+        return Batch(self, endpoint_id, resource_specification, walltime)
 
     def batch_run(self, batch: Batch) -> list[str]:
         """Submit a batch; returns task ids in the order the tasks were added."""

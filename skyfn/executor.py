@@ -31,7 +31,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FuturesTimeoutError
 from typing import Any, Callable, Iterable, Iterator, Optional, TextIO, Union
 
-from skyfn.client import FINAL, Client, split_requests, task_outcome
+from skyfn.client import FINAL, Client, split_requests, task_options, task_outcome
 from skyfn.http import SkyfnAPIError, TaskNotFound
 from skyfn.protocol.api import MAX_STATUS_IDS
 from skyfn.protocol.serialize import pack_args
@@ -88,6 +88,8 @@ class Executor(_BaseExecutor):
         max_poll_failures: int = 3,
         container: Optional[str] = None,
         tag: Optional[str] = None,
+        resource_specification: Optional[dict] = None,
+        walltime: Optional[float] = None,
     ):
         self._own_client = client is None
         self.client = client if client is not None else Client()
@@ -98,6 +100,8 @@ class Executor(_BaseExecutor):
         self.max_poll_failures = max(0, int(max_poll_failures))
         self.container = container
         self.tag = tag
+        # Applied to every task: {"cores": n, "gpus": n}; walltime in seconds (TIMED_OUT past it).
+        self._task_options = task_options(resource_specification, walltime)
         self._progress = progress
 
         self._cv = threading.Condition(threading.RLock())
@@ -282,7 +286,8 @@ class Executor(_BaseExecutor):
             self._n_submitted -= dropped
         if not live:
             return
-        tasks = [{"function_id": fid, "payload": payload} for _, fid, payload in live]
+        opts = self._task_options
+        tasks = [{"function_id": fid, "payload": payload, **opts} for _, fid, payload in live]
         start = 0
         for chunk in split_requests(tasks, max_tasks=self.batch_size):
             items = live[start : start + len(chunk)]

@@ -54,6 +54,8 @@ for i, r in ipairs(rows) do
     if r[3] ~= cjson.null then redis.call('HSET', key, 'res', r[3]) end
     if r[4] ~= cjson.null then redis.call('HSET', key, 'err', r[4]) end
     if r[5] ~= cjson.null then redis.call('HSET', key, 'why', r[5]) end
+    if r[7] and r[7] ~= cjson.null then redis.call('HSET', key, 'so', r[7]) end
+    if r[8] and r[8] ~= cjson.null then redis.call('HSET', key, 'se', r[8]) end
     redis.call('HSET', key, 'ev', (redis.call('HGET', key, 'ev') or '') .. r[6] .. r[2] .. '@' .. now .. ';STORED@' .. now .. ';')
     redis.call('HDEL', key, 'p')
     redis.call('ZREM', 'leases', r[1])
@@ -132,8 +134,8 @@ local key = 't:' .. ARGV[1]
 local s = redis.call('HGET', key, 's')
 if not s then return false end
 if redis.call('HGET', key, 'o') ~= ARGV[2] then return false end
-if s == 'CANCELLED' then return 'OK' end
-if s == 'SUCCEEDED' or s == 'FAILED' or s == 'TIMED_OUT' then return s end
+if s == 'CANCELLED' then return {'OK', redis.call('HGET', key, 'e')} end
+if s == 'SUCCEEDED' or s == 'FAILED' or s == 'TIMED_OUT' then return {s, false} end
 redis.call('HSET', key, 's', 'CANCELLED', 'why', 'cancelled by its owner',
            'ev', (redis.call('HGET', key, 'ev') or '') .. 'CANCELLED@' .. ARGV[3] .. ';')
 redis.call('HDEL', key, 'p')
@@ -141,7 +143,7 @@ redis.call('ZREM', 'leases', ARGV[1])
 redis.call('ZADD', 'purge', tonumber(ARGV[3]) + tonumber(ARGV[4]), ARGV[1])
 redis.call('RPUSH', 'outbox', ARGV[1])
 redis.call('XADD', 'done:' .. ARGV[2], 'MAXLEN', '~', 10000, '*', 'ids', ARGV[1])
-return 'OK'
+return {'OK', redis.call('HGET', key, 'e')}
 """
 
 # Status read: owner-checked; final tasks are marked retrieved and scheduled for purge.
@@ -151,7 +153,7 @@ local owner, now, ttl, with_events = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4
 local out = {}
 for i, id in ipairs(ids) do
   local key = 't:' .. id
-  local v = redis.call('HMGET', key, 'o', 's', 'res', 'err', 'why', 'r', 'ev')
+  local v = redis.call('HMGET', key, 'o', 's', 'res', 'err', 'why', 'r', 'ev', 'so', 'se')
   if v[1] ~= owner then
     out[i] = false
   else
@@ -162,7 +164,7 @@ for i, id in ipairs(ids) do
       end
     end
     if not with_events then v[7] = false end
-    out[i] = {s, v[3] or false, v[4] or false, v[5] or false, v[6] or '0', v[7] or false}
+    out[i] = {s, v[3] or false, v[4] or false, v[5] or false, v[6] or '0', v[7] or false, v[8] or false, v[9] or false}
   end
 end
 return out
@@ -178,6 +180,8 @@ class TaskRow:
     reason: str | None
     retries: int
     events: list[tuple[str, float]] | None
+    stdout: str | None = None
+    stderr: str | None = None
 
 
 FINAL = frozenset({"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED"})
@@ -232,7 +236,8 @@ class TaskStore:
 
     # --- results and progress from agents ---------------------------------------
     def finish(self, rows: list[list[Any]]) -> tuple[int, int, int]:
-        """rows: [task_id, state, result, error, reason, agent events 'S@ts;...'].
+        """rows: [task_id, state, result, error, reason, agent events 'S@ts;...'
+        (, stdout, stderr)].
         Returns (stored, duplicates ignored, unknown ids)."""
         stored, dup, unknown = self._finish(args=[orjson.dumps(rows), f"{time.time():.6f}", self.unretrieved_ttl])
         return int(stored), int(dup), int(unknown)
@@ -245,10 +250,11 @@ class TaskStore:
         requeued, failed = self._expire(args=[f"{time.time():.6f}", limit, self.unretrieved_ttl])
         return int(requeued), int(failed)
 
-    def cancel(self, owner: str, task_id: str) -> str | None:
-        """'OK' when cancelled (now or before: a retried cancel succeeds again), the final
-        state when it finished otherwise, None when unknown."""
-        return _s(self._cancel(args=[task_id, owner, f"{time.time():.6f}", self.result_ttl]))
+    def cancel(self, owner: str, task_id: str) -> tuple[str, str | None] | None:
+        """('OK', endpoint) when cancelled (now or before: a retried cancel succeeds
+        again), (final state, None) when it finished otherwise, None when unknown."""
+        out = self._cancel(args=[task_id, owner, f"{time.time():.6f}", self.result_ttl])
+        return (_s(out[0]), _s(out[1])) if out else None
 
     # --- reads ---------------------------------------------------------------------
     def status(self, owner: str, task_ids: list[str], with_events: bool = False,
@@ -262,7 +268,7 @@ class TaskStore:
                 continue
             ev = _s(v[5])
             out[tid] = TaskRow(tid, _s(v[0]), _s(v[1]), _s(v[2]), _s(v[3]), int(v[4]),
-                               parse_events(ev) if ev is not None else None)
+                               parse_events(ev) if ev is not None else None, _s(v[6]), _s(v[7]))
         return out
 
     def record(self, task_id: str) -> dict[str, str]:

@@ -59,6 +59,10 @@ def task_queue(endpoint_id: str) -> tuple[TaskQueue, QueueDescriptor]:
     return _queue(settings().task_queue_name(endpoint_id))
 
 
+def control_queue(endpoint_id: str) -> tuple[TaskQueue, QueueDescriptor]:
+    return _queue(settings().control_queue_name(endpoint_id))
+
+
 def results_queue() -> tuple[TaskQueue, QueueDescriptor]:
     return _queue(settings().results_queue_name)
 

@@ -35,24 +35,25 @@ def _cache_function(item: dict[str, Any]) -> None:
     })
 
 
-def function_bodies(owner: str, function_ids: set[str]) -> dict[str, str]:
-    """Bodies of functions the owner may run; unknown or foreign ids raise NotFound."""
+def function_bodies(owner: str, function_ids: set[str]) -> dict[str, tuple[str, str | None]]:
+    """(body, container) of functions the owner may run; unknown or foreign ids raise NotFound."""
     r = deps.redis_client()
     ids = sorted(function_ids)
     pipe = r.pipeline(transaction=False)
     for fid in ids:
-        pipe.hmget(f"fn:{fid}", "o", "b")
-    out: dict[str, str] = {}
-    for fid, (o, b) in zip(ids, pipe.execute()):
+        pipe.hmget(f"fn:{fid}", "o", "b", "meta")
+    out: dict[str, tuple[str, str | None]] = {}
+    for fid, (o, b, meta) in zip(ids, pipe.execute()):
         if o is None:
             item = deps.dynamo().get_function(fid) if is_uuid(fid) else None
             if item is None:
                 raise NotFound(f"function {fid} not found: register it first (Client.register_function)")
             _cache_function(item)
             o, b = item["owner"].encode(), item["body"].encode()
+            meta = orjson.dumps({"container": item.get("container")})
         if o.decode() != owner:
             raise NotFound(f"function {fid} not found: register it first (Client.register_function)")
-        out[fid] = b.decode()
+        out[fid] = (b.decode(), orjson.loads(meta or b"{}").get("container"))
     return out
 
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import orjson
 
+from aws_lambda_powertools import Logger
+
 from lambdas.core import deps, registry
 from lambdas.core.errors import Conflict, NotFound, Unavailable
 from lambdas.core.ids import is_uuid, new_id, new_ids
@@ -19,6 +21,7 @@ from skyfn.protocol.api import SubmitTasks, TaskInfo, TaskStatus
 from skyfn.protocol.messages import PACK_MAX_BYTES, PACK_MAX_TASKS
 from skyfn.protocol.states import FINAL_STATES, parse_events
 
+logger = Logger(service="skyfn-tasks", child=True)
 HISTORY_LOOKUPS = 100  # ids per status call looked up in DynamoDB when gone from Redis
 
 
@@ -52,7 +55,9 @@ def _submit(owner: str, req: SubmitTasks) -> dict[str, Any]:
         raise NotFound(f"task {missing[0]} has no endpoint: give endpoint_id for the batch or for each task")
     for ep in {t.endpoint_id or default_ep for t in tasks}:
         registry.check_endpoint(owner, ep)
-    bodies = registry.function_bodies(owner, {t.function_id for t in tasks})
+    functions = registry.function_bodies(owner, {t.function_id for t in tasks})
+    bodies = {fid: body for fid, (body, _) in functions.items()}
+    containers = {fid: container for fid, (_, container) in functions.items()}
 
     submission_id = new_id()
     task_ids = new_ids(len(tasks))
@@ -70,7 +75,7 @@ def _submit(owner: str, req: SubmitTasks) -> dict[str, Any]:
     try:
         for ep, indices in by_endpoint.items():
             queue, _ = deps.task_queue(ep)
-            queue.send(list(_packs(ep, indices, task_ids, tasks, bodies)))
+            queue.send(list(_packs(ep, indices, task_ids, tasks, bodies, containers)))
             sent.update(task_ids[i] for i in indices)
     except Exception as exc:
         store.fail_unqueued([tid for tid in task_ids if tid not in sent], f"could not be queued: {exc}")
@@ -84,7 +89,7 @@ def _submit(owner: str, req: SubmitTasks) -> dict[str, Any]:
     return {"submission_id": submission_id, "task_ids": task_ids, "replayed": False}
 
 
-def _packs(endpoint_id, indices, task_ids, tasks, bodies):
+def _packs(endpoint_id, indices, task_ids, tasks, bodies, containers):
     """Yield encoded TaskPacks of at most PACK_MAX_TASKS tasks / ~PACK_MAX_BYTES."""
     batch: list[dict[str, Any]] = []
     fns: dict[str, str] = {}
@@ -92,10 +97,13 @@ def _packs(endpoint_id, indices, task_ids, tasks, bodies):
     for i in indices:
         t = tasks[i]
         spec = {"task_id": task_ids[i], "function_id": t.function_id, "payload": t.payload}
-        if t.container:
-            spec["container"] = t.container
+        container = t.container or containers.get(t.function_id)
+        if container:
+            spec["container"] = container
         if t.walltime:
             spec["walltime"] = t.walltime
+        if t.resources:
+            spec["resources"] = {"cores": t.resources.cores, "gpus": t.resources.gpus}
         cost = len(t.payload) + 120 + (len(bodies[t.function_id]) if t.function_id not in fns else 0)
         if batch and (len(batch) >= PACK_MAX_TASKS or size + cost > PACK_MAX_BYTES):
             yield _pack(endpoint_id, batch, fns)
@@ -122,6 +130,10 @@ def _status_dict(row) -> dict[str, Any]:
         d["reason"] = row.reason
     if row.events is not None:
         d["events"] = row.events
+    if row.stdout is not None:
+        d["stdout"] = row.stdout
+    if row.stderr is not None:
+        d["stderr"] = row.stderr
     return d
 
 
@@ -198,7 +210,7 @@ def get(owner: str, task_id: str) -> TaskInfo:
     if rec["s"] in FINAL_STATES:
         store.status(owner, [task_id])  # marks it retrieved, so it is purged after the TTL
     return TaskInfo(task_id=task_id, state=rec["s"], result=rec.get("res"), error=rec.get("err"),
-                    reason=rec.get("why"), retries=int(rec.get("r", 0)), events=parse_events(rec.get("ev")),
+                    reason=rec.get("why"), stdout=rec.get("so"), stderr=rec.get("se"), retries=int(rec.get("r", 0)), events=parse_events(rec.get("ev")),
                     function_id=rec["f"], endpoint_id=rec["e"], submission_id=rec["sub"], owner=owner,
                     created=float(rec["c"]))
 
@@ -207,7 +219,13 @@ def cancel(owner: str, task_id: str) -> TaskStatus:
     outcome = deps.store().cancel(owner, task_id)
     if outcome is None:
         raise NotFound(f"task {task_id} not found")
-    if outcome != "OK":
-        raise Conflict(f"task {task_id} is already {outcome}: only tasks that have not finished can be cancelled")
+    state, endpoint_id = outcome
+    if state != "OK":
+        raise Conflict(f"task {task_id} is already {state}: only tasks that have not finished can be cancelled")
+    try:  # tell the agent, so a running task is stopped; the state is CANCELLED either way
+        queue, _ = deps.control_queue(endpoint_id)
+        queue.send([orjson.dumps({"cancel": [task_id]})])
+    except Exception as exc:
+        logger.warning("cancel notice not delivered", extra={"task": task_id, "error": type(exc).__name__})
     return TaskStatus(task_id=task_id, state="CANCELLED", reason="cancelled by its owner")
 

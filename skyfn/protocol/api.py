@@ -76,6 +76,7 @@ class EndpointInfo(BaseModel):
 class EndpointRegistered(EndpointInfo):
     task_queue: QueueDescriptor
     results_queue: QueueDescriptor
+    control_queue: QueueDescriptor = Field(description="cancellations of this endpoint's tasks")
 
 
 class EndpointList(BaseModel):
@@ -86,6 +87,14 @@ class Heartbeat(_Body):
     stats: dict[str, Any] = Field(default_factory=dict)
 
 
+class Resources(_Body):
+    """What one task needs on its node; the agent assigns cores and GPUs
+    (CUDA_VISIBLE_DEVICES-style) to the worker that runs it."""
+
+    cores: int = Field(default=1, ge=1, le=1024)
+    gpus: int = Field(default=0, ge=0, le=64)
+
+
 class TaskRequest(_Body):
     function_id: str = Field(min_length=1, max_length=64)
     payload: str = Field(max_length=MAX_PAYLOAD_BYTES, description="serialized (args, kwargs) buffer")
@@ -93,6 +102,7 @@ class TaskRequest(_Body):
     container: Optional[str] = Field(default=None, max_length=512)
     max_retries: Optional[int] = Field(default=None, ge=0, le=100)
     walltime: Optional[float] = Field(default=None, gt=0, le=7 * 24 * 3600)
+    resources: Optional[Resources] = None
 
 
 class SubmitTasks(_Body):
@@ -124,6 +134,8 @@ class TaskStatus(BaseModel):
     reason: Optional[str] = None
     retries: int = 0
     events: Optional[list[tuple[str, float]]] = None
+    stdout: Optional[str] = Field(default=None, description="captured standard output (capped)")
+    stderr: Optional[str] = Field(default=None, description="captured standard error (capped)")
 
 
 class StatusResponse(BaseModel):

@@ -4,6 +4,7 @@ Tasks travel to an agent packed: one queue message carries a TaskPack of many ta
 the bodies of the functions they call, so the agent needs no other lookup. Agents send
 back ResultPacks on the results queue: final results plus progress updates (DISPATCHED,
 RUNNING, lease extensions), coalesced so a task that finishes quickly costs one record.
+The service tells agents about cancellations with ControlMessages on a control queue.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class TaskSpec(_Msg):
     payload: str = Field(description="serialized (args, kwargs) buffer")
     container: Optional[str] = None
     walltime: Optional[float] = None
+    resources: Optional[dict[str, int]] = Field(default=None, description="cores, gpus")
 
 
 class TaskPack(_Msg):
@@ -51,6 +53,14 @@ class TaskResult(_Msg):
     error: Optional[str] = Field(default=None, description="wrapped remote exception")
     reason: Optional[str] = Field(default=None, description="why it failed, when not an exception")
     events: list[tuple[str, float]] = Field(default_factory=list, description="agent-side events")
+    stdout: Optional[str] = Field(default=None, description="captured standard output, capped by the agent")
+    stderr: Optional[str] = Field(default=None, description="captured standard error, capped by the agent")
+
+
+class ControlMessage(_Msg):
+    """Service -> agent, on the endpoint's control queue."""
+
+    cancel: list[str] = Field(default_factory=list, description="task ids to stop: drop if queued, kill if running")
 
 
 class ResultPack(_Msg):

@@ -178,3 +178,12 @@ def test_endpoints(client, service):
 def test_client_arguments_override(service):
     c = Client(service_url=service.url + "/", token=service.token)
     assert c.endpoint_id("local") == service.local_endpoint
+
+
+def test_task_options_validate_and_shape():
+    from skyfn.client import task_options
+
+    assert task_options({"gpus": 1}, 30) == {"resources": {"gpus": 1}, "walltime": 30.0}
+    assert task_options() == {}
+    with pytest.raises(ValueError, match="unknown resource_specification keys \\['memory'\\]"):
+        task_options({"memory": 4})

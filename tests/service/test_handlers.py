@@ -168,3 +168,38 @@ def test_service_on_sqs_queues(api, monkeypatch, unique):
     assert results_handler(sqs_event([results.model_dump_json()]), Context()) == {"batchItemFailures": []}
     got, _ = states(api, s["task_ids"])
     assert set(got.values()) == {"SUCCEEDED"}
+
+
+def test_pack_carries_container_walltime_resources_and_output_is_stored(api):
+    from lambdas.core import deps
+    from lambdas.results import apply_pack
+    from skyfn.protocol.messages import TaskPack
+
+    _, f = api.call("POST", "/functions", {"function": serialize_function(inc), "container": "py-sci"})
+    _, e = api.call("POST", "/endpoints", {"name": "gpu-node"})
+    _, s = api.call("POST", "/tasks", {"endpoint_id": e["endpoint_id"], "tasks": [
+        {"function_id": f["function_id"], "payload": pack_args((1,), {}), "walltime": 5, "resources": {"gpus": 1}},
+        {"function_id": f["function_id"], "payload": pack_args((2,), {}), "container": "other"}]})
+    queue, _ = deps.task_queue(e["endpoint_id"])
+    pack = TaskPack.model_validate_json(queue.receive(1, 0)[0].body)
+    first, second = pack.tasks
+    assert (first.container, first.walltime, first.resources) == ("py-sci", 5.0, {"cores": 1, "gpus": 1})
+    assert (second.container, second.walltime, second.resources) == ("other", None, None)
+    apply_pack(ResultPack(endpoint_id=e["endpoint_id"], results=[
+        TaskResult(task_id=first.task_id, state="SUCCEEDED", result="json 3.11\n2", stdout="hello\n", stderr="warn\n")]))
+    _, st = api.call("POST", "/tasks/status", {"task_ids": [first.task_id]})
+    assert (st["tasks"][first.task_id]["stdout"], st["tasks"][first.task_id]["stderr"]) == ("hello\n", "warn\n")
+    assert api.call("GET", f"/tasks/{first.task_id}")[1]["stdout"] == "hello\n"
+
+
+def test_cancel_notifies_the_agent_on_its_control_queue(api, submitted):
+    from skyfn.protocol.messages import ControlMessage
+    from skyfn.protocol.queues import open_queue
+
+    ep, ids = submitted
+    status, reg = api.call("POST", "/endpoints", {"name": "hpc"})
+    assert reg["control_queue"]["name"] == f"control:{ep}"
+    assert api.call("DELETE", f"/tasks/{ids[3]}")[0] == 200
+    control = open_queue(reg["control_queue"], consumer="agent")
+    msgs = control.receive(10, 1)
+    assert [ControlMessage.model_validate_json(m.body).cancel for m in msgs] == [[ids[3]]]
