@@ -4,6 +4,11 @@
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+# Endpoint agent: container runtimes really exercised by the tests, and a single-node
+# Slurm cluster (slurmctld, slurmd, munge) for the Slurm provider tests.
+command -v podman >/dev/null 2>&1 || need+=(podman crun)
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+command -v slurmctld >/dev/null 2>&1 || need+=(slurmctld slurmd slurm-client munge)
 python3 -c "import venv, ensurepip" >/dev/null 2>&1 || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
