@@ -6,7 +6,8 @@ process-level harness running tasks in container workers without the agent (harn
 from endpoint_agent.containers.config import (ContainerConfig, ContainerConfigError, ContainerType,
                                               parse_container_config)
 from endpoint_agent.containers.runtime import (ContainerError, Launch, Runtime, build_skeleton_rootfs,
-                                               make_runtime)
+                                               make_runtime, runtime_from_settings)
 
 __all__ = ["ContainerConfig", "ContainerConfigError", "ContainerType", "parse_container_config",
-           "ContainerError", "Launch", "Runtime", "build_skeleton_rootfs", "make_runtime"]
+           "ContainerError", "Launch", "Runtime", "build_skeleton_rootfs", "make_runtime",
+           "runtime_from_settings"]

@@ -57,6 +57,9 @@ from endpoint_agent.containers.config import ContainerConfig, ContainerType, par
 CODE_ROOT = str(Path(__file__).resolve().parents[2])  # holds endpoint_agent/ and skyfn/
 
 
+NO_CONTAINER = "none"  # the type name of a plain worker on the agent's wire (wire.NO_CONTAINER)
+
+
 class ContainerError(RuntimeError):
     """A container cannot be started as configured; the message says why and what to do."""
 
@@ -139,6 +142,8 @@ class Runtime:
 
     # --- public ------------------------------------------------------------------
     def type(self, ctype: Optional[str]) -> Optional[ContainerType]:
+        if ctype == NO_CONTAINER and NO_CONTAINER not in self.config.types:
+            return None
         if ctype is None:
             ctype = self.config.default_type
         if ctype is None:
@@ -473,6 +478,21 @@ RUNTIMES: dict[str, type[Runtime]] = {
 
 def make_runtime(config: ContainerConfig, **kw) -> Runtime:
     return RUNTIMES[config.runtime](config, **kw)
+
+
+def runtime_from_settings(settings: dict | ContainerConfig | None, **kw) -> Optional[Runtime]:
+    """The Runtime of a `containers:` mapping (validated; ContainerConfigError names the
+    bad key); None when the runtime is `none` and no types are configured."""
+    from endpoint_agent.containers.config import parse_container_config
+
+    cfg = settings if isinstance(settings, ContainerConfig) else parse_container_config(settings or {}, "--containers")
+    if cfg.runtime == "none" and not cfg.types:
+        return None
+    rt = make_runtime(cfg, **kw)
+    problems = rt.problems()
+    if problems:
+        raise ContainerError("; ".join(problems))
+    return rt
 
 
 def terminate(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
