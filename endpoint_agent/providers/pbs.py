@@ -1,0 +1,211 @@
+"""PBS (OpenPBS / PBS Professional): a generated script submitted with `qsub`, states from
+`qstat -f -F json -x` (history included, so finished jobs keep their exit status), or from
+plain `qstat` on servers without JSON output (older PBS Pro, Torque), and `qdel`.
+
+qstat exit codes are PBS error numbers modulo 256: 153 is "Unknown Job Id" (15001) and 35
+"Job has finished" (15139); both mean the job left the queue, not that qstat failed.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Iterable, Literal, Mapping, Optional
+
+from endpoint_agent.providers.base import (
+    BatchProvider, JobState, ProviderError, command_failed, format_walltime, safe_job_name,
+)
+
+PBS_STATES: dict[str, JobState] = {
+    "Q": JobState.PENDING,   # queued
+    "H": JobState.PENDING,   # held
+    "W": JobState.PENDING,   # waiting for its start time
+    "T": JobState.PENDING,   # in transit
+    "M": JobState.PENDING,   # moved to another server
+    "S": JobState.PENDING,   # suspended (holds nodes, runs nothing)
+    "U": JobState.PENDING,   # suspended: workstation busy
+    "R": JobState.RUNNING,
+    "E": JobState.RUNNING,   # exiting: still on its nodes
+    "B": JobState.RUNNING,   # array job: begun
+    "X": JobState.COMPLETED,  # subjob finished
+    "F": JobState.COMPLETED,  # finished (history); the exit status refines it
+    "C": JobState.COMPLETED,  # Torque: completed
+}
+
+_GONE = ("unknown job id", "job has finished", "does not exist")
+_QDEL_DONE = ("job has finished", "unknown job id", "request invalid for state of job")
+JOB_SUBSTATE_TERMINATED = 91  # deleted (qdel) before or while running
+
+
+def job_state_from_json(job: dict[str, Any]) -> JobState:
+    code = str(job.get("job_state", "")).strip().upper()
+    state = PBS_STATES.get(code, JobState.UNKNOWN)
+    if code == "F":
+        exit_status = job.get("Exit_status")
+        if job.get("substate") == JOB_SUBSTATE_TERMINATED:
+            return JobState.CANCELLED
+        if exit_status is not None and int(exit_status) != 0:
+            return JobState.FAILED
+    return state
+
+
+def parse_qstat_json(text: str) -> dict[str, JobState]:
+    """`qstat -f -F json` output -> {full job id: state}. ValueError when not JSON."""
+    data = json.loads(text)
+    jobs = data.get("Jobs") or {}
+    return {jid: job_state_from_json(job) for jid, job in jobs.items()}
+
+
+_PLAIN_ROW = re.compile(r"^(\S+)\s+.*\s([A-Z])\s+(\S+)\s*$")
+
+
+def parse_qstat_plain(text: str) -> dict[str, JobState]:
+    """Default `qstat` table -> {job id as printed (may end in '*' when truncated): state}."""
+    out: dict[str, JobState] = {}
+    for line in text.splitlines():
+        if not line.strip() or line.startswith(("Job id", "Job ID", "---", " ")):
+            continue
+        m = _PLAIN_ROW.match(line.rstrip())
+        if m:
+            out[m.group(1)] = PBS_STATES.get(m.group(2), JobState.UNKNOWN)
+    return out
+
+
+def _same_job(wanted: str, printed: str) -> bool:
+    """'1234.pbs-server' matches '1234.pbs-server', '1234.pbs-serv*' and '1234'."""
+    if wanted == printed:
+        return True
+    if printed.endswith("*"):
+        return wanted.startswith(printed[:-1])
+    return wanted.split(".")[0] == printed.split(".")[0]
+
+
+class PBSProvider(BatchProvider):
+    label = "pbs"
+
+    def __init__(self, *, queue: Optional[str] = None, account: Optional[str] = None,
+                 cpus_per_node: Optional[int] = None, select_options: str = "", place: Optional[str] = "scatter",
+                 status_format: Literal["auto", "json", "plain"] = "auto",
+                 script_dir=None, worker_init: str = "", scheduler_options: str = "",
+                 cmd_timeout: float = 30.0, env: Optional[Mapping[str, str]] = None):
+        super().__init__(script_dir=script_dir, worker_init=worker_init, scheduler_options=scheduler_options,
+                         cmd_timeout=cmd_timeout, env=env)
+        self.queue = queue
+        self.account = account
+        self.cpus_per_node = cpus_per_node
+        self.select_options = select_options.lstrip(":")
+        self.place = place
+        self.status_format = status_format
+
+    def directives(self, nodes: int, walltime: float, job_name: str, out_base: Path) -> list[str]:
+        select = f"{nodes}"
+        if self.cpus_per_node:
+            select += f":ncpus={self.cpus_per_node}"
+        if self.select_options:
+            select += f":{self.select_options}"
+        # PBS job names: at most 15 characters on older servers, starting with a letter
+        name = safe_job_name(job_name, 15)
+        if not name[0].isalpha():
+            name = ("s" + name)[:15]
+        d = [f"#PBS -N {name}",
+             f"#PBS -l select={select}",
+             f"#PBS -l walltime={format_walltime(walltime)}",
+             f"#PBS -o {out_base}.out",
+             f"#PBS -e {out_base}.err"]
+        if self.place:
+            d.append(f"#PBS -l place={self.place}")
+        if self.queue:
+            d.append(f"#PBS -q {self.queue}")
+        if self.account:
+            d.append(f"#PBS -A {self.account}")
+        return d
+
+    def submit(self, command: str, nodes: int, walltime: float, job_name: str) -> str:
+        script = self.write_script(command, nodes, walltime, job_name)
+        argv = ["qsub", str(script)]
+        p = self.run(argv)
+        lines = [ln.strip() for ln in p.stdout.splitlines() if ln.strip()]
+        job_id = lines[-1] if lines else ""
+        if not re.fullmatch(r"\d+(\[\d*\])?(\.[\w.-]+)?", job_id):
+            raise ProviderError(f"`qsub {script}` printed no job id: stdout {p.stdout.strip()!r}, "
+                                f"stderr {p.stderr.strip()!r}", command=argv, returncode=p.returncode,
+                                stderr=p.stderr, stdout=p.stdout)
+        self.last_known[job_id] = JobState.PENDING
+        return job_id
+
+    def status(self, job_ids: Iterable[str]) -> dict[str, JobState]:
+        ids = [str(j) for j in job_ids]
+        if not ids:
+            return {}
+        seen: Optional[dict[str, JobState]] = None
+        if self.status_format in ("auto", "json"):
+            seen = self._status_json(ids)
+        if seen is None:
+            seen = self._status_plain(ids)
+        out: dict[str, JobState] = {}
+        for jid in ids:
+            state = next((s for printed, s in seen.items() if _same_job(jid, printed)), None)
+            if state is not None and state.terminal and jid in self.cancelled:
+                state = JobState.CANCELLED
+            if state is None:
+                state = self._gone(jid)
+            out[jid] = state
+            if state is not JobState.UNKNOWN:
+                self.last_known[jid] = state
+        return out
+
+    def _status_json(self, ids: list[str]) -> Optional[dict[str, JobState]]:
+        """None when this qstat has no JSON output (auto mode then uses the plain table)."""
+        argv = ["qstat", "-f", "-F", "json", "-x", *ids]
+        p = self.run(argv, check=False)
+        err = p.stderr.lower()
+        if p.stdout.strip():
+            try:
+                return parse_qstat_json(p.stdout)
+            except (ValueError, AttributeError, TypeError) as exc:
+                # some PBS Pro versions print invalid JSON (unescaped variables): use the table
+                if self.status_format == "json":
+                    raise ProviderError(f"`{' '.join(argv)}` printed output that is not qstat JSON ({exc})",
+                                        command=argv, returncode=p.returncode, stderr=p.stderr,
+                                        stdout=p.stdout[:2000]) from None
+                return None
+        if p.returncode == 0 or any(g in err for g in _GONE):
+            return {}
+        if self.status_format == "auto" and ("invalid option" in err or "usage" in err or "illegal" in err):
+            self.status_format = "plain"  # this qstat has no -F json / -x: remember it
+            return None
+        raise ProviderError(command_failed(argv, p.returncode, p.stderr, p.stdout), command=argv,
+                            returncode=p.returncode, stderr=p.stderr, stdout=p.stdout)
+
+    def _status_plain(self, ids: list[str]) -> dict[str, JobState]:
+        argv = ["qstat", *ids]
+        p = self.run(argv, check=False)
+        if p.returncode != 0 and not p.stdout.strip() and not any(g in p.stderr.lower() for g in _GONE):
+            raise ProviderError(command_failed(argv, p.returncode, p.stderr, p.stdout), command=argv,
+                                returncode=p.returncode, stderr=p.stderr, stdout=p.stdout)
+        return parse_qstat_plain(p.stdout)
+
+    def cancel(self, job_ids: Iterable[str]) -> dict[str, bool]:
+        ids = [str(j) for j in job_ids]
+        if not ids:
+            return {}
+        argv = ["qdel", *ids]
+        p = self.run(argv, check=False)
+        self.cancelled.update(ids)
+        if p.returncode == 0:
+            return {j: True for j in ids}
+        err_lines = p.stderr.lower().splitlines()
+        result: dict[str, bool] = {}
+        mentioned = False
+        for j in ids:
+            lines = [ln for ln in err_lines if j.lower() in ln or j.split(".")[0] in ln.split()]
+            mentioned = mentioned or bool(lines)
+            result[j] = all(any(a in ln for a in _QDEL_DONE) for ln in lines)
+        if not mentioned:
+            self.cancelled.difference_update(ids)
+            raise ProviderError(command_failed(argv, p.returncode, p.stderr, p.stdout), command=argv,
+                                returncode=p.returncode, stderr=p.stderr, stdout=p.stdout)
+        for j, ok in result.items():
+            if not ok:
+                self.cancelled.discard(j)
+        return result
