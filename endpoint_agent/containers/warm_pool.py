@@ -14,8 +14,8 @@ returns idle workers idle longer than `idle_timeout` (to be stopped).
 Proportional sizing: every task seen is counted per type with exponential decay
 (half-life `half_life` s). `targets(now)` shares the N slots among types in proportion
 to these counts (largest remainder, capped by `max_per_type`); eviction prefers workers
-whose type holds more slots than its target, `expire` keeps up to the target of each
-type warm, and `prewarm(now)` proposes cold starts of under-served types in empty slots.
+whose type holds more slots than its target, and `prewarm(now)` proposes cold starts of
+under-served types in empty slots (after expiry, or at start).
 
 `schedule(queue, now)` assigns queued tasks to slots, warm matches first (a task whose
 type has an idle warm worker jumps ahead of older tasks that would need a cold start),
@@ -205,15 +205,11 @@ class WarmPool:
 
     def expire(self, now: float) -> list[int]:
         """Idle workers idle longer than idle_timeout, to be stopped (their slots become
-        empty), least recently used first; each type keeps up to its target warm."""
-        targets = self.targets(now)
+        empty), least recently used first. Busy workers never expire."""
         stale = sorted((s for s in self.slots if s.state == IDLE and now - s.last_used > self.idle_timeout),
                        key=lambda s: (s.last_used, s.index))
         out = []
         for s in stale:
-            keep = targets.get(s.ctype, 0)
-            if self.count(s.ctype) <= keep and self.demand.get(s.ctype, 0.0) >= 0.5:
-                continue  # still in demand: within its proportional share
             out.append(s.index)
             self.remove(s.index)
             self.stats.expirations += 1
