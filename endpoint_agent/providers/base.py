@@ -195,7 +195,7 @@ class BatchProvider(Provider):
         self.script_dir.mkdir(parents=True, exist_ok=True)
         stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{time.monotonic_ns() % 1_000_000:06d}"
         base = self.script_dir / f"{safe_job_name(job_name)}.{stamp}"
-        path = base.with_suffix(".submit")
+        path = Path(f"{base}.submit")
         path.write_text(self.render_script(command, nodes, walltime, job_name, base))
         path.chmod(0o700)
         return path

@@ -56,7 +56,7 @@ class LocalProvider(Provider):
         script += f"export SKYFN_BLOCK_NODES={nodes}\n{command}\n"
         stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{time.monotonic_ns() % 1_000_000:06d}"
         base = self.script_dir / f"{name}.{stamp}"
-        path = base.with_suffix(".sh")
+        path = Path(f"{base}.sh")
         path.write_text(script)
         path.chmod(0o700)
         env = None if self.env is None else {**os.environ, **self.env}
