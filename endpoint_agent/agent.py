@@ -27,7 +27,7 @@ from endpoint_agent.interchange import Interchange
 from endpoint_agent.link import Heartbeater, ServiceLink
 from endpoint_agent.outbox import Outbox
 from endpoint_agent.paths import EndpointPaths
-from endpoint_agent.poller import Poller
+from endpoint_agent.poller import ControlPoller, Poller
 from endpoint_agent.status import write_status
 from skyfn.protocol.api import QueueDescriptor
 
@@ -47,6 +47,7 @@ class Agent:
         self.endpoint_id = endpoint_id or config.endpoint_id
         self.task_queue_desc = task_queue or config.task_queue
         self.results_queue_desc = results_queue or config.results_queue
+        self.control_queue_desc = config.control_queue
         if (self.task_queue_desc is None) != (self.results_queue_desc is None):
             raise ValueError("give both task_queue and results_queue, or neither (to register with the service)")
         self.write_status_file = write_status_file
@@ -56,6 +57,7 @@ class Agent:
         self.state = "starting"
         self.interchange: Interchange | None = None
         self.poller: Poller | None = None
+        self.control_poller: ControlPoller | None = None
         self.outbox: Outbox | None = None
         self.link: ServiceLink | None = None
         self.heartbeater: Heartbeater | None = None
@@ -84,7 +86,7 @@ class Agent:
         ix = self.interchange
         return {
             "state": self.state,
-            "workers": self.config.workers,
+            "workers": (ix.snapshot()["workers"] if ix else 0) or self.config.workers * self.config.managers,
             "in_flight": ix.load() if ix else 0,
             "completed": ix.completed if ix else 0,
             "failed": ix.failed if ix else 0,
@@ -96,11 +98,24 @@ class Agent:
     def status(self) -> dict[str, Any]:
         ix = self.interchange
         m = ix.manager if ix else None
+        snap = ix.snapshot() if ix else {}
+        managers = snap.get("managers", [])
+        warm: dict[str, int] = {}
+        for mi in managers:
+            for ctype, n in mi["containers"].items():
+                warm[ctype] = warm.get(ctype, 0) + n
         return {
             "name": self.name, "pid": os.getpid(), "endpoint_id": self.endpoint_id, "state": self.state,
             "started": self.started, "updated": time.time(), "consumer": self.consumer,
-            "manager_pid": m.proc.pid if m else None, "worker_pids": list(m.worker_pids) if m else [],
-            "interchange": ix.address if ix else None,
+            "manager_pid": m.proc.pid if m and m.proc else None,
+            "worker_pids": [p for mi in managers for p in mi["worker_pids"]],
+            "interchange": ix.public_address if ix else None,
+            "encrypted": bool(ix and ix.server_key),
+            "server_key": ix.server_key if ix else None,
+            "managers": managers, "blocks": snap.get("blocks", {}),
+            "pending": snap.get("pending", 0), "containers": warm,
+            "cold_starts": sum(mi["cold_starts"] for mi in managers),
+            "cancelled": ix.cancelled if ix else 0, "managers_lost": ix.managers_lost if ix else 0,
             # kind and name only: a queue URL may carry credentials
             "task_queue": ({"kind": self.task_queue_desc.kind, "name": self.task_queue_desc.name}
                            if self.task_queue_desc else None),
@@ -127,6 +142,7 @@ class Agent:
         self.endpoint_id = reg.endpoint_id
         self.task_queue_desc = reg.task_queue
         self.results_queue_desc = reg.results_queue
+        self.control_queue_desc = getattr(reg, "control_queue", None)
         log.info("registered as endpoint %s (task queue %s %s)", reg.endpoint_id, reg.task_queue.kind,
                  reg.task_queue.name)
 
@@ -173,14 +189,21 @@ class Agent:
             return 0
         self.outbox = Outbox(ack_queue, results_queue, cfg.lease_seconds)
         self.outbox.start()
-        ix = self.interchange = Interchange(cfg, self.endpoint_id, self.outbox)
+        ix = self.interchange = Interchange(cfg, self.endpoint_id, self.outbox, key_dir=self.paths.dir / "curve")
         self.outbox.on_idle = ix.wake_up
-        ix.start_manager()
-        self.poller = Poller(poll_queue, capacity=cfg.capacity, receive_batch=cfg.receive_batch,
+        ix.start_local_managers()
+        self.poller = Poller(poll_queue, capacity=ix.capacity, receive_batch=cfg.receive_batch,
                              receive_wait=cfg.receive_wait, lease_seconds=cfg.lease_seconds,
                              load=ix.load, deliver=ix.deliver)
         ix.room_event = self.poller.room
         self.poller.start()
+        if self.control_queue_desc is not None:
+            try:
+                self.control_poller = ControlPoller(self._open(self.control_queue_desc), receive_wait=cfg.receive_wait,
+                                                    cancel=ix.cancel)
+                self.control_poller.start()
+            except Exception as exc:  # noqa: BLE001 - cancels then only stop queued tasks at the service
+                log.error("cannot open the control queue (%s): cancels will not reach running tasks", exc)
         if self.link is not None:
             self.heartbeater = Heartbeater(self.link, self.endpoint_id, cfg.heartbeat_period, self.stats)
             self.heartbeater.start()
@@ -229,6 +252,8 @@ class Agent:
     def _shutdown(self) -> None:
         if self.poller is not None:
             self.poller.stop()
+        if self.control_poller is not None:
+            self.control_poller.stop()
         if self.heartbeater is not None:
             self.heartbeater.stop()
         if self.outbox is not None and not self.outbox.drain(timeout=15.0):
@@ -236,6 +261,8 @@ class Agent:
         # threads that may wake the interchange end before its sockets close
         if self.poller is not None:
             self.poller.join(self.config.receive_wait + 5)
+        if self.control_poller is not None:
+            self.control_poller.join(self.config.receive_wait + 5)
         if self.outbox is not None:
             self.outbox.on_idle = None
             self.outbox.close()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -53,7 +53,24 @@ ALLOWED: dict[str, str] = {
     "endpoint_id": "a string",
     "task_queue": "a queue descriptor {kind: redis|sqs, name: ..., url: ...}",
     "results_queue": "a queue descriptor {kind: redis|sqs, name: ..., url: ...}",
+    "control_queue": "a queue descriptor {kind: redis|sqs, name: ..., url: ...}",
+    "interchange_address": "an IP address or host name to bind (127.0.0.1: this machine only; 0.0.0.0: all)",
+    "interchange_port": "an integer from 0 (any free port) to 65535",
+    "interchange_advertise": "the host name or address managers on other nodes connect to",
+    "encryption": "one of: auto (CurveZMQ unless the address is loopback), on, off",
+    "manager_heartbeat_period": "a number of seconds from 0.05 to 600",
+    "managers": "an integer from 0 to 256 (local managers the agent starts itself)",
+    "manager_prefetch": "an integer from 0 to 100000",
+    "max_output_bytes": "an integer from 0 to 16777216",
+    "cores": "an integer from 1 to 65536",
+    "accelerators": "a list of accelerator ids such as ['0', '1'], or 'auto' (CUDA_VISIBLE_DEVICES)",
 }
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "ip6-localhost")
+
+
+def is_loopback(address: str) -> bool:
+    return address in LOOPBACK or address.startswith("127.")
 
 
 class EndpointConfig(BaseModel):
@@ -79,6 +96,30 @@ class EndpointConfig(BaseModel):
     endpoint_id: Optional[str] = None
     task_queue: Optional[QueueDescriptor] = None
     results_queue: Optional[QueueDescriptor] = None
+    control_queue: Optional[QueueDescriptor] = None
+
+    # --- interchange <-> managers --------------------------------------------------
+    interchange_address: str = Field(default="127.0.0.1", min_length=1)
+    interchange_port: int = Field(default=0, ge=0, le=65535)
+    interchange_advertise: Optional[str] = None
+    encryption: Literal["auto", "on", "off"] = "auto"
+    manager_heartbeat_period: float = Field(default=2.0, ge=0.05, le=600)
+    managers: int = Field(default=1, ge=0, le=256)
+    manager_prefetch: Optional[int] = Field(default=None, ge=0, le=100_000)
+    max_output_bytes: int = Field(default=64 * 1024, ge=0, le=16 * 1024 * 1024)
+    cores: Optional[int] = Field(default=None, ge=1, le=65536)
+    accelerators: Union[Literal["auto"], list[str]] = "auto"
+
+    @property
+    def encrypted(self) -> bool:
+        """CurveZMQ between interchange and managers: on by default off loopback."""
+        if self.encryption == "auto":
+            return not is_loopback(self.interchange_address)
+        return self.encryption == "on"
+
+    @property
+    def manager_prefetch_value(self) -> int:
+        return self.manager_prefetch if self.manager_prefetch is not None else max(2 * self.workers, 64)
 
     @model_validator(mode="after")
     def _defaults(self) -> "EndpointConfig":
@@ -90,8 +131,8 @@ class EndpointConfig(BaseModel):
 
     @property
     def capacity(self) -> int:
-        """Tasks the agent holds at most: one per worker plus the prefetch."""
-        return self.workers + int(self.prefetch or 0)
+        """Tasks the agent holds at most: one per local worker plus the prefetch."""
+        return max(1, self.workers * max(1, self.managers)) + int(self.prefetch or 0)
 
     @property
     def static_queues(self) -> bool:
@@ -167,6 +208,23 @@ provider: local            # allowed: local
 # result_batch: 500        # results per result message at most
 # result_flush_ms: 5       # results are sent at most this long after the previous send
 # heartbeat_period: 10     # seconds between heartbeats to the service
+
+# --- Interchange and managers ----------------------------------------------------
+# Managers on other nodes (provider blocks) connect to the interchange over TCP:
+#   python -m endpoint_agent.manager --interchange tcp://HOST:PORT --block ID --workers N --server-key KEY
+# interchange_address: 127.0.0.1   # bind address; 0.0.0.0 to accept managers from other nodes
+# interchange_port: 0              # 0: any free port (written to status.json)
+# interchange_advertise: <host>    # the address managers connect to (default: this host's name)
+# encryption: auto                 # auto: CurveZMQ unless the address is loopback; on; off
+#                                  # (the server key pair lives in this endpoint's directory, curve/)
+# managers: 1                      # local managers the agent starts itself (each with `workers` workers)
+# manager_heartbeat_period: 2      # a manager silent for 2 periods is lost; its tasks re-run
+# manager_prefetch: 64             # tasks a manager holds beyond its workers (default max(64, 2 * workers))
+
+# --- Tasks -------------------------------------------------------------------------
+# max_output_bytes: 65536          # captured stdout / stderr per task and stream, then truncated
+# cores: <CPU count>               # cores of this node shared out by tasks' resources (cores: n)
+# accelerators: auto               # GPU ids, e.g. ["0", "1"]; auto: from CUDA_VISIBLE_DEVICES
 
 # log_level: INFO          # DEBUG, INFO, WARNING, ERROR
 """

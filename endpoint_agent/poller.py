@@ -24,8 +24,59 @@ log = logging.getLogger("skyfn.agent.poller")
 Delivery = tuple[str, TaskPack, float]  # (receipt, pack, received at)
 
 
+class ControlPoller(threading.Thread):
+    """Long-polls the endpoint's control queue (ControlMessage bodies from the service) and
+    hands cancellations to `cancel(task_ids)`; each message is deleted once handed on."""
+
+    def __init__(self, queue: TaskQueue, *, receive_wait: float, cancel: Callable[[list[str]], None]):
+        super().__init__(name="skyfn-control", daemon=True)
+        self.queue = queue
+        self.receive_wait = receive_wait
+        self.cancel = cancel
+        self._halt = threading.Event()
+        self.cancels = 0
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def run(self) -> None:
+        from skyfn.protocol.messages import ControlMessage
+
+        delay = 0.2
+        while not self._halt.is_set():
+            try:
+                messages = self.queue.receive(max_messages=10, wait_seconds=max(0.05, self.receive_wait),
+                                              visibility_timeout=30)
+                delay = 0.2
+            except Exception as exc:  # noqa: BLE001 - the queue may be down for a while
+                log.warning("receive from control queue %s failed (%s); retrying in %.1f s", self.queue.name, exc,
+                            delay)
+                self._halt.wait(delay)
+                delay = min(10.0, delay * 2)
+                continue
+            ids: list[str] = []
+            for m in messages:
+                try:
+                    ids.extend(ControlMessage.model_validate_json(m.body).cancel)
+                except ValidationError as exc:
+                    log.error("control message %s is not a ControlMessage, dropping it: %s", m.message_id,
+                              str(exc).replace("\n", "; ")[:300])
+            if ids:
+                self.cancels += len(ids)
+                self.cancel(ids)
+            if messages:
+                try:
+                    self.queue.delete([m.receipt for m in messages])
+                except Exception as exc:  # noqa: BLE001 - redelivered later; cancelling twice is harmless
+                    log.warning("cannot delete control messages (%s)", exc)
+        try:
+            self.queue.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
 class Poller(threading.Thread):
-    def __init__(self, queue: TaskQueue, *, capacity: int, receive_batch: int, receive_wait: float,
+    def __init__(self, queue: TaskQueue, *, capacity: "int | Callable[[], int]", receive_batch: int, receive_wait: float,
                  lease_seconds: float, load: Callable[[], int], deliver: Callable[[list[Delivery], int], None]):
         super().__init__(name="skyfn-poller", daemon=True)
         self.queue = queue
@@ -50,7 +101,8 @@ class Poller(threading.Thread):
         delay = 0.2
         while not self._halt.is_set():
             self.room.clear()
-            room = self.capacity - self.load()
+            cap = self.capacity
+            room = (cap() if callable(cap) else cap) - self.load()
             if room <= 0:
                 self.room.wait(0.25)
                 continue

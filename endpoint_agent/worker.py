@@ -1,11 +1,17 @@
 """A worker process: runs the tasks its manager gives it, one at a time, in order.
 
 `python -m endpoint_agent.worker --connect ipc://... --identity ID --slot I --slots-fd FD
---slots N`. The manager sends chunks of tasks; for each the worker deserializes the
+--slots N [--max-output BYTES]`. The manager may start it inside a container (the command
+is then wrapped by the container runtime); everything it needs comes on the command line. The manager sends chunks of tasks; for each the worker deserializes the
 function (cached by function_id), unpacks the arguments, calls it and serializes the
 result, or wraps the exception with its traceback (state FAILED). Results go back when
 the chunk is done, or sooner when the chunk is slow (so long tasks report one by one),
 in the order the tasks were given. Progress is written to the shared slots (slots.py).
+
+Per task, what the function prints to sys.stdout / sys.stderr is captured (at most
+`--max-output` characters per stream, then a truncation marker) and returned with the
+result; a task may carry environment settings (CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS)
+that the worker applies before the call and restores after it.
 """
 from __future__ import annotations
 
@@ -23,7 +29,62 @@ from endpoint_agent.slots import Slots
 from skyfn.protocol.remote_exception import wrap_exception
 from skyfn.protocol.serialize import deserialize, serialize, unpack_args
 
-PARTIAL_FLUSH_S = 0.02  # a chunk running longer than this reports results as they come
+PARTIAL_FLUSH_S = 0.02
+DEFAULT_MAX_OUTPUT = 64 * 1024
+
+
+class CappedWriter:
+    """A text stream that keeps the first `cap` characters written to it and counts the rest."""
+
+    __slots__ = ("cap", "parts", "size", "dropped")
+    encoding = "utf-8"
+    errors = "replace"
+
+    def __init__(self, cap: int):
+        self.cap = cap
+        self.parts: list[str] = []
+        self.size = 0
+        self.dropped = 0
+
+    def write(self, s) -> int:
+        if not isinstance(s, str):
+            s = str(s)
+        n = len(s)
+        room = self.cap - self.size
+        if n <= room:
+            self.parts.append(s)
+            self.size += n
+        else:
+            if room > 0:
+                self.parts.append(s[:room])
+                self.size += room
+            self.dropped += n - max(room, 0)
+        return n
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return True
+
+    def take(self) -> str | None:
+        """What was written since the last take (None when nothing), marker included."""
+        if not self.size and not self.dropped:
+            return None
+        out = "".join(self.parts)
+        if self.dropped:
+            out += f"\n[skyfn: output truncated, {self.dropped} more characters not captured]\n"
+        self.parts = []
+        self.size = 0
+        self.dropped = 0
+        return out  # a chunk running longer than this reports results as they come
 PARENT_CHECK_S = 1.0
 
 
@@ -95,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slots", type=int, required=True)
     ap.add_argument("--slots-fd", type=int, required=True)
     ap.add_argument("--parent", type=int, required=True, help="the manager's pid")
+    ap.add_argument("--max-output", type=int, default=DEFAULT_MAX_OUTPUT, help="captured characters per stream")
     args = ap.parse_args(argv)
 
     die_with_parent()
@@ -123,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     slot = args.slot
     started = 0
     now = time.time
+    out_w = CappedWriter(args.max_output)
+    err_w = CappedWriter(args.max_output)
+    real_out, real_err = sys.stdout, sys.stderr
+    environ = os.environ
     try:
         while True:
             if not sock.poll(PARENT_CHECK_S * 1000):
@@ -137,14 +203,28 @@ def main(argv: list[str] | None = None) -> int:
                 cache.add(msg["f"])
             out: list = []
             last_send = now()
-            for key, function_id, payload, _walltime in msg["t"]:
+            for key, function_id, payload, _walltime, env in msg["t"]:
                 started += 1
+                saved = None
+                if env:
+                    saved = {k: environ.get(k) for k in env}
+                    environ.update(env)
+                sys.stdout, sys.stderr = out_w, err_w
                 t0 = now()
                 slots.begin(slot, started, t0)
-                state, result, error = run_task(cache, function_id, payload)
-                t1 = now()
-                slots.end(slot)
-                out.append((key, state, result, error, round(t0, 6), round(t1, 6)))
+                try:
+                    state, result, error = run_task(cache, function_id, payload)
+                finally:
+                    t1 = now()
+                    slots.end(slot)
+                    sys.stdout, sys.stderr = real_out, real_err
+                    if saved is not None:
+                        for k, v in saved.items():
+                            if v is None:
+                                environ.pop(k, None)
+                            else:
+                                environ[k] = v
+                out.append((key, state, result, error, round(t0, 6), round(t1, 6), out_w.take(), err_w.take()))
                 if t1 - last_send > PARTIAL_FLUSH_S:
                     sock.send_multipart([wire.RES, wire.dumps(out)])
                     out = []

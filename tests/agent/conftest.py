@@ -39,10 +39,13 @@ class Queues:
         self.url = redis_url
         self.task_desc = {"kind": "redis", "name": f"tasks-{unique}", "url": redis_url}
         self.results_desc = {"kind": "redis", "name": f"results-{unique}", "url": redis_url}
+        self.control_desc = {"kind": "redis", "name": f"control-{unique}", "url": redis_url}
         self.tasks = open_queue(self.task_desc, consumer="service", visibility_timeout=lease)
         self.tasks.ensure()
         self.results = open_queue(self.results_desc, consumer="service", visibility_timeout=30)
         self.results.ensure()
+        self.control = open_queue(self.control_desc, consumer="service", visibility_timeout=30)
+        self.control.ensure()
         self.by_task: dict[str, list[dict]] = {}
         self.updates: list[dict] = []
         self.packs_sent: dict[str, list[str]] = {}  # message id -> task ids
@@ -58,7 +61,8 @@ class Queues:
 
     def build(self, fn: Callable | None, calls: list[tuple], *, prefix: str = "t", pack_size: int = 512,
               function_body: str | None = None, function_id: str = "f1", walltime: float | None = None,
-              functions: dict[str, str] | None = None) -> tuple[list[str], list[bytes], list[list[str]]]:
+              functions: dict[str, str] | None = None, container: str | None = None,
+              resources: dict[str, int] | None = None) -> tuple[list[str], list[bytes], list[list[str]]]:
         if functions is None:
             functions = {function_id: function_body if function_body is not None else serialize_function(fn)}
         fns = functions
@@ -69,7 +73,7 @@ class Queues:
                 tid = f"{prefix}{i}"
                 ids.append(tid)
                 specs.append(TaskSpec(task_id=tid, function_id=function_id, payload=pack_args(args, {}),
-                                      walltime=walltime))
+                                      walltime=walltime, container=container, resources=resources))
             pack = TaskPack(pack_id=f"{prefix}-pack{start}", endpoint_id="ep", functions=fns, tasks=specs)
             bodies.append(pack.model_dump_json().encode())
             groups.append([s.task_id for s in specs])
@@ -107,6 +111,10 @@ class Queues:
             self.results.delete([m.receipt])
         return n
 
+    def cancel(self, task_ids: list[str]) -> None:
+        """What the service does on DELETE /tasks/{id}: a ControlMessage on the control queue."""
+        self.control.send([orjson.dumps({"cancel": list(task_ids)})])
+
     def remaining_ids(self) -> set[str]:
         import redis
 
@@ -132,6 +140,7 @@ def queues(redis_url, unique):
     yield q
     q.tasks.close()
     q.results.close()
+    q.control.close()
 
 
 class AgentProc:
@@ -200,7 +209,8 @@ def agent_factory(home, queues):
 
     def make(name: str = "ep", **config) -> AgentProc:
         cfg = {"workers": 2, "endpoint_id": "ep", "task_queue": queues.task_desc,
-               "results_queue": queues.results_desc, "receive_wait": 0.5, "log_level": "INFO"}
+               "results_queue": queues.results_desc, "control_queue": queues.control_desc,
+               "receive_wait": 0.5, "log_level": "INFO"}
         cfg.update(config)
         a = AgentProc(home, name, cfg)
         started.append(a)

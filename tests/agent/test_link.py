@@ -37,7 +37,8 @@ class FakeService:
                     status, answer = 201, EndpointRegistered(
                         endpoint_id="ep", name=body["name"], owner="alice", status="new", created=time.time(),
                         metadata=body["metadata"], task_queue=svc.queues.task_desc,
-                        results_queue=svc.queues.results_desc).model_dump(mode="json")
+                        results_queue=svc.queues.results_desc,
+                        control_queue=svc.queues.control_desc).model_dump(mode="json")
                 elif self.path == "/endpoints/ep/heartbeat":
                     status = svc.heartbeat_status
                     answer = {"endpoint_id": "ep"} if status == 200 else {"error": "unavailable", "message": "x"}
