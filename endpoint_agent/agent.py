@@ -58,6 +58,7 @@ class Agent:
         self.interchange: Interchange | None = None
         self.poller: Poller | None = None
         self.control_poller: ControlPoller | None = None
+        self.blocks = None  # endpoint_agent.scaling.BlockManager when blocks come from a provider
         self.outbox: Outbox | None = None
         self.link: ServiceLink | None = None
         self.heartbeater: Heartbeater | None = None
@@ -115,6 +116,7 @@ class Agent:
             "managers": managers, "blocks": snap.get("blocks", {}),
             "pending": snap.get("pending", 0), "containers": warm,
             "cold_starts": sum(mi["cold_starts"] for mi in managers),
+            "scaling": self.blocks.status() if self.blocks is not None else None,
             "cancelled": ix.cancelled if ix else 0, "managers_lost": ix.managers_lost if ix else 0,
             # kind and name only: a queue URL may carry credentials
             "task_queue": ({"kind": self.task_queue_desc.kind, "name": self.task_queue_desc.name}
@@ -191,7 +193,7 @@ class Agent:
         self.outbox.start()
         ix = self.interchange = Interchange(cfg, self.endpoint_id, self.outbox, key_dir=self.paths.dir / "curve")
         self.outbox.on_idle = ix.wake_up
-        ix.start_local_managers()
+        self._start_managers(ix)
         self.poller = Poller(poll_queue, capacity=ix.capacity, receive_batch=cfg.receive_batch,
                              receive_wait=cfg.receive_wait, lease_seconds=cfg.lease_seconds,
                              load=ix.load, deliver=ix.deliver)
@@ -227,6 +229,24 @@ class Agent:
         finally:
             self._shutdown()
         return 0
+
+    def _start_managers(self, ix: Interchange) -> None:
+        """Local managers (no provider blocks), or colleague C's BlockManager."""
+        scaling = self.config.scaling
+        if scaling is None:
+            ix.start_local_managers()
+            return
+        from endpoint_agent.scaling import BlockManager, build_launcher, build_provider, node_prologue
+
+        wpn = scaling.workers_per_node or self.config.workers
+        provider = build_provider(scaling, script_dir=self.paths.dir / "blocks")
+        self.blocks = BlockManager(scaling, provider, build_launcher(scaling), ix,
+                                   lambda block_id: ix.manager_command(block_id, wpn), workers_per_node=wpn,
+                                   prologue=node_prologue(), name=self.name)
+        self.blocks.start()
+        log.info("blocks from provider %s (%d to %d blocks of %d node(s), %d workers per node); managers connect "
+                 "to %s", scaling.provider, scaling.min_blocks, scaling.max_blocks, scaling.nodes_per_block, wpn,
+                 ix.public_address)
 
     def _drain(self, ix: Interchange, next_lease: float, lease_every: float) -> None:
         self.state = "stopping"
@@ -266,6 +286,11 @@ class Agent:
         if self.outbox is not None:
             self.outbox.on_idle = None
             self.outbox.close()
+        if self.blocks is not None:
+            try:
+                self.blocks.stop(cancel=True)
+            except Exception as exc:  # noqa: BLE001
+                log.error("stopping the blocks failed: %s", exc)
         if self.interchange is not None:
             self.interchange.close()
         if self.link is not None:

@@ -38,7 +38,10 @@ def _cpu_count() -> int:
 ALLOWED: dict[str, str] = {
     "service_url": "an http:// or https:// URL",
     "token": "a non-empty string (the JWT of `skyfn login` / `skyfn local up`)",
-    "provider": "one of: local",
+    "provider": "one of: local, slurm, pbs",
+    "blocks": "a mapping of block settings (endpoint_agent.scaling.ScalingConfig: nodes_per_block, min_blocks, "
+              "max_blocks, init_blocks, workers_per_node, parallelism, max_idletime, walltime, partition, ...)",
+    "containers": "a mapping (endpoint_agent.containers: runtime, idle_timeout, types, ...)",
     "workers": "an integer from 1 to 4096",
     "prefetch": "an integer from 0 to 1000000",
     "heartbeat_period": "a number of seconds from 0.1 to 3600",
@@ -78,7 +81,9 @@ class EndpointConfig(BaseModel):
 
     service_url: Optional[str] = Field(default=None, pattern=r"^https?://\S+$")
     token: Optional[str] = Field(default=None, min_length=1)
-    provider: Literal["local"] = "local"
+    provider: Literal["local", "slurm", "pbs"] = "local"
+    blocks: Optional[dict[str, Any]] = None
+    containers: Optional[dict[str, Any]] = None
     workers: int = Field(default_factory=_cpu_count, ge=1, le=4096)
     # Tasks taken from the queue beyond the free workers. A pack holds up to 512 tasks;
     # a few hundred keeps the next pack in memory before the current one runs dry, so
@@ -120,6 +125,36 @@ class EndpointConfig(BaseModel):
     @property
     def manager_prefetch_value(self) -> int:
         return self.manager_prefetch if self.manager_prefetch is not None else max(2 * self.workers, 64)
+
+    @property
+    def scaling(self):
+        """colleague C's ScalingConfig when blocks come from a provider, else None (the agent
+        then starts `managers` local managers itself)."""
+        if self.blocks is None and self.provider == "local":
+            return None
+        from endpoint_agent.scaling import parse_scaling_config
+
+        return parse_scaling_config({"provider": self.provider, **(self.blocks or {})}, "config", prefix="blocks.")
+
+    @model_validator(mode="after")
+    def _sections(self) -> "EndpointConfig":
+        if self.blocks is not None or self.provider != "local":
+            try:
+                self.scaling
+            except ImportError:  # pragma: no cover
+                raise ValueError("provider blocks need endpoint_agent.scaling") from None
+            except ValueError as exc:
+                raise ValueError(f"blocks: {exc}") from None
+        if self.containers is not None:
+            try:
+                from endpoint_agent.containers import parse_container_config
+
+                parse_container_config(self.containers, "config")
+            except ImportError:  # pragma: no cover
+                raise ValueError("containers need endpoint_agent.containers") from None
+            except ValueError as exc:
+                raise ValueError(f"containers: {exc}") from None
+        return self
 
     @model_validator(mode="after")
     def _defaults(self) -> "EndpointConfig":
@@ -195,7 +230,23 @@ def template(name: str) -> str:
 # token: <jwt>
 
 # --- Execution -------------------------------------------------------------
-provider: local            # allowed: local
+provider: local            # allowed: local, slurm, pbs
+# blocks:                  # nodes from a batch scheduler (endpoint_agent.scaling); without it and with
+#                          # provider local, the agent runs `managers` managers on this machine
+#   nodes_per_block: 1
+#   min_blocks: 0
+#   max_blocks: 1
+#   init_blocks: 0
+#   workers_per_node: 4
+#   parallelism: 1.0       # aggressiveness of scale-out
+#   max_idletime: 120      # seconds a block may idle before it is drained and cancelled
+#   walltime: "01:00:00"
+#   partition: debug       # slurm; queue: for pbs; account, qos, constraint, scheduler_options, worker_init
+# containers:              # workers in containers (endpoint_agent.containers)
+#   runtime: podman        # none | docker | podman | apptainer | singularity | bubblewrap
+#   idle_timeout: 300      # seconds an idle warm container is kept
+#   types:
+#     sci: {{image: /srv/rootfs/sci}}
 # workers: {_cpu_count()}               # worker processes (default: CPU count)
 # prefetch: 256            # tasks taken beyond free workers (default: max(256, 64 * workers))
 # grace_period: 30         # seconds in-flight tasks may finish after SIGTERM

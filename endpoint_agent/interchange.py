@@ -113,6 +113,7 @@ class ManagerHandle:
         self.free_hb = 0
         self.worker_pids: list[int] = []
         self.draining = False
+        self.last_busy: float | None = None  # monotonic time it last held a task
         self.started = time.monotonic()
         self.last_seen = time.monotonic()
         self.last_heartbeat: float | None = None  # wall clock
@@ -197,6 +198,7 @@ class Interchange:
         self.first_buffered = 0.0
 
         self.managers: dict[bytes, ManagerHandle] = {}
+        self.drained_blocks: set[str] = set()
         self.local_slots: list[dict[str, Any]] = []
         self.local_gen = 0
         self.told_to_stop: dict[bytes, float] = {}
@@ -229,7 +231,7 @@ class Interchange:
         what it has not started, finish what runs, and exit. Returns the ids told."""
         ids = [m.id for m in list(self.managers.values())
                if (manager_id is not None and m.id == manager_id) or (block is not None and m.block == block)]
-        self.control.append(("drain", ids))
+        self.control.append(("drain", (ids, block)))
         self.wake_up()
         return ids
 
@@ -250,6 +252,29 @@ class Interchange:
                 "free_workers": sum(m["free_workers"] for m in managers if not m["draining"]),
                 "managers": managers, "blocks": blocks, "address": self.public_address,
                 "encrypted": self.server_key is not None}
+
+    # colleague C's InterchangeControl (endpoint_agent.scaling) --------------------
+    def block_snapshot(self) -> dict[str, Any]:
+        """{"pending", "blocks": {block: {"managers", "workers", "free", "tasks", "last_busy"}}}"""
+        mono = time.monotonic()
+        blocks: dict[str, dict[str, Any]] = {}
+        for m in list(self.managers.values()):
+            if not m.registered:
+                continue
+            b = blocks.setdefault(m.block, {"managers": 0, "workers": 0, "free": 0, "tasks": 0, "last_busy": None})
+            held = len(m.assigned)
+            b["managers"] += 1
+            b["workers"] += m.workers
+            b["free"] += 0 if m.draining else m.free_workers()
+            b["tasks"] += held
+            busy = mono if held else m.last_busy
+            if busy is not None and (b["last_busy"] is None or busy > b["last_busy"]):
+                b["last_busy"] = busy
+        return {"pending": self.n_pending + (self.given - self.taken), "blocks": blocks}
+
+    def drain_block(self, block_id: str) -> None:
+        self.drained_blocks.add(str(block_id))
+        self.drain(block=str(block_id))
 
     def wake_up(self) -> None:
         """Cut the loop's wait short (from another thread: poller, outbox)."""
@@ -296,6 +321,8 @@ class Interchange:
             cmd += ["--cores", str(cfg.cores)]
         if isinstance(cfg.accelerators, list):
             cmd += ["--accelerators", ",".join(cfg.accelerators)]
+        if cfg.containers:
+            cmd += ["--containers", wire.dumps(cfg.containers).decode()]
         return cmd
 
     def start_local_managers(self, n: int | None = None) -> None:
@@ -512,15 +539,19 @@ class Interchange:
             if kind == "cancel":
                 self.on_cancel(arg)
             elif kind == "drain":
+                ids, block = arg
                 for m in list(self.managers.values()):
-                    if m.id in arg and not m.draining:
-                        m.draining = True
-                        m.credit = 0
-                        log.info("draining manager %s (block %s)", m.id, m.block)
-                        try:
-                            self.router.send_multipart([m.identity, wire.DRAIN, b""], zmq.NOBLOCK)
-                        except zmq.ZMQError:
-                            pass
+                    if (m.id in ids or (block is not None and m.block == block)) and not m.draining:
+                        self._drain_manager(m)
+
+    def _drain_manager(self, m: ManagerHandle) -> None:
+        m.draining = True
+        m.credit = 0
+        log.info("draining manager %s (block %s)", m.id, m.block)
+        try:
+            self.router.send_multipart([m.identity, wire.DRAIN, b""], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
 
     def on_cancel(self, task_ids: list[str]) -> None:
         want = set(task_ids)
@@ -617,6 +648,8 @@ class Interchange:
         m.last_heartbeat = time.time()
         if m.slot is not None and m.slot < len(self.local_slots):
             self.local_slots[m.slot]["failures"] = 0
+        if m.block in self.drained_blocks:
+            self._drain_manager(m)
         log.info("manager %s registered: block %s, host %s, %d workers, %d cores, accelerators %s", m.id, m.block,
                  m.hostname, m.workers, m.cores, m.accelerators or "none")
         self._room()
@@ -737,6 +770,8 @@ class Interchange:
             if err is not None:
                 rec["stderr"] = err
             self._add_result(rec, t[T_PACK])
+        if not assigned:
+            m.last_busy = time.monotonic()
         self._room()
 
     def on_running(self, items: list) -> None:

@@ -103,7 +103,7 @@ class SimplePool:
 
 class WorkerProc:
     __slots__ = ("slot", "gen", "proc", "identity", "ready", "inflight", "reported", "known", "started_at",
-                 "kill_reason", "ctype", "cores", "gpus", "last_used")
+                 "kill_reason", "ctype", "cores", "gpus", "last_used", "launch")
 
     def __init__(self, slot: int, gen: int, proc: subprocess.Popen, identity: bytes, ctype: str):
         self.slot = slot
@@ -119,7 +119,8 @@ class WorkerProc:
         self.ctype = ctype
         self.cores = 0          # cores held while it has tasks
         self.gpus: list[str] = []  # accelerators held while it has tasks
-        self.last_used = 0.0
+        self.last_used = time.monotonic()
+        self.launch = None
 
 
 class Manager:
@@ -186,21 +187,28 @@ class Manager:
 
     # --- containers (colleague B's API when present) ------------------------------
     def _containers(self, settings: dict[str, Any]):
-        try:
-            from endpoint_agent import containers as _c  # noqa: F401
-        except ImportError:
+        self.idle_timeout = float(settings.get("idle_timeout", 300.0))
+        if not settings:
             return None, SimplePool()
         try:
-            runtime = _c.runtime_from_settings(settings) if hasattr(_c, "runtime_from_settings") else None
-        except Exception as exc:  # noqa: BLE001
+            from endpoint_agent.containers import runtime_from_settings
+        except ImportError:
+            log.error("containers configured but endpoint_agent.containers is missing; workers run without them")
+            return None, SimplePool()
+        try:
+            runtime = runtime_from_settings(settings)
+        except Exception as exc:  # noqa: BLE001 - ContainerError / ContainerConfigError say why
             log.error("container runtime unusable (%s); workers run without containers", exc)
             runtime = None
         return runtime, SimplePool()
 
-    def worker_command(self, ctype: str, cmd: list[str]) -> list[str]:
-        if ctype == NONE or self.runtime is None:
-            return cmd
-        return self.runtime.wrap(ctype, cmd)
+    def _popen(self, ctype: str, cmd: list[str], slot: int):
+        """(process, launch) of a worker of this type: inside a container when a runtime is set."""
+        if self.runtime is None:
+            return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, pass_fds=(self.slots.fd,), env=child_env()), None
+        launch = self.runtime.wrap(None if ctype == NONE else ctype, cmd, pass_fds=(self.slots.fd,),
+                                   name=f"skyfn-w-{os.getpid()}-{slot}-{self.gen}")
+        return launch.popen(), launch
 
     # --- workers -----------------------------------------------------------
     def spawn(self, slot: int) -> None:
@@ -211,11 +219,17 @@ class Manager:
         cmd = [sys.executable, "-m", "endpoint_agent.worker", "--connect", self.worker_addr,
                "--identity", identity.decode(), "--slot", str(slot), "--slots", str(self.n_workers),
                "--slots-fd", str(self.slots.fd), "--parent", str(os.getpid()), "--max-output", str(self.max_output)]
-        cmd = self.worker_command(ctype, cmd)
         if ctype != NONE:
             self.cold_starts += 1
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, pass_fds=(self.slots.fd,), env=child_env())
+        try:
+            proc, launch = self._popen(ctype, cmd, slot)
+        except Exception as exc:  # noqa: BLE001 - a container that cannot start: plain worker
+            log.error("cannot start a %s worker (%s); slot %d runs a plain worker", ctype, exc, slot)
+            self.slot_type[slot] = ctype = NONE
+            proc, launch = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, pass_fds=(self.slots.fd,),
+                                            env=child_env()), None
         w = WorkerProc(slot, self.gen, proc, identity, ctype)
+        w.launch = launch
         self.workers[slot] = w
         self.by_identity[identity] = w
         self.warm_dirty = True
@@ -270,6 +284,11 @@ class Manager:
                 w.proc.kill()
             except OSError:
                 pass
+            if w.launch is not None and self.runtime is not None and w.launch.runtime != "none":
+                # the container itself, off the loop (the runtime's CLI may take a while)
+                import threading
+
+                threading.Thread(target=self.runtime.kill, args=(w.launch, w.proc), daemon=True).start()
 
     def check_workers(self, now_wall: float) -> None:
         mono = time.monotonic()
@@ -286,6 +305,12 @@ class Manager:
                     self.spawn(slot)
                 continue
             started, running, ts = self.slots.read(slot)
+            if w.ctype != NONE and not w.inflight and w.ready and not w.kill_reason \
+                    and mono - w.last_used > self.idle_timeout:
+                log.info("worker %s: idle %s container for %.0f s; stopping it", slot, w.ctype, mono - w.last_used)
+                self.slot_type[slot] = NONE
+                self.kill_worker(w, "evict", -1, "idle")
+                continue
             if not running or w.kill_reason:
                 continue
             idx = started - w.reported - 1
