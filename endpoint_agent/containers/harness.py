@@ -202,13 +202,15 @@ class ContainerPool:
                     if op == wire.READY:
                         w.ready_at = time.monotonic()
                         self.cold_start_s.append(w.ready_at - w.spawned)
+                        self.pool.note_cold_start(w.ready_at - w.spawned)
                         if w.pending is not None:
                             task, w.pending = w.pending, None
                             self._send(w, task)
                     elif op == wire.RES:
                         t = time.monotonic()
-                        for key, state, result, error, *_rest in wire.loads(body):
+                        for key, state, result, error, t0, t1, *_rest in wire.loads(body):
                             r = results[key]
+                            self.pool.note_task(r.ctype, max(0.0, t1 - t0))
                             r.state, r.error, r.done, r.slot = state, error, t, w.slot
                             r.value = deserialize(result) if result is not None else None
                             running.pop(key, None)

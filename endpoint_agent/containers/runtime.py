@@ -35,11 +35,12 @@ Two worker arguments are rewritten, because their values differ inside the conta
   3, 4, ... by a host-side `bash` redirection; bubblewrap and apptainer inherit them as is;
   docker cannot pass descriptors (Runtime.passes_fds is False: use a file instead).
 - `--parent P`: the worker exits when its parent is not P. Inside a pid namespace the
-  worker's parent is not the manager: podman/docker/apptainer (`--pid --no-init`) run
-  it as pid 1 (parent 0), bubblewrap (`--unshare-pid`) under its init (parent 1). Manager
-  death still reaches the worker: podman/docker/apptainer clients are started with
-  `setpriv --pdeathsig TERM` (the client forwards SIGTERM to the container), bubblewrap
-  runs with `--die-with-parent`.
+  worker's parent is not the manager: podman/docker (`--init`) and bubblewrap
+  (`--unshare-pid`) run it under a tiny init (parent 1), apptainer (`--pid --no-init`)
+  as pid 1 (parent 0). Manager death still reaches the worker: podman/docker/apptainer
+  clients are started with `setpriv --pdeathsig TERM` (the client forwards SIGTERM to
+  the container), bubblewrap runs with `--die-with-parent`; `reap_orphans()` removes
+  containers whose manager is gone anyway (e.g. killed while one was being created).
 """
 from __future__ import annotations
 
@@ -234,12 +235,15 @@ def _pdeathsig_prefix() -> list[str]:
 
 
 class _OCIRuntime(Runtime):
-    """podman and docker: `<exe> run --rm --network host ... IMAGE argv`."""
+    """podman and docker: `<exe> run --rm --init --network host ... IMAGE argv`. With
+    `--init` a tiny init (catatonit / docker-init) is pid 1 and the worker pid 2: a
+    SIGTERM forwarded before the worker installed its handler still ends it (pid 1
+    ignores signals it has no handler for), and the container ends with the worker."""
 
-    inner_parent = 0
+    inner_parent = 1
 
     def _run_args(self, ctype, t, name, env, pass_fds) -> list[str]:
-        args = [self.executable, "run", "--rm", "--network", "host", "--ipc", "private",
+        args = [self.executable, "run", "--rm", "--init", "--network", "host", "--ipc", "private",
                 "--label", "skyfn.worker=1", "--label", f"skyfn.manager={os.getpid()}"]
         if ctype:
             args += ["--label", f"skyfn.type={ctype}"]
@@ -260,6 +264,23 @@ class _OCIRuntime(Runtime):
             return None
         return [self.executable, "rm", "--force", "--time", "0", launch.name] if self.name == "podman" \
             else [self.executable, "rm", "--force", launch.name]
+
+    def reap_orphans(self) -> list[str]:
+        """Force-remove skyfn worker containers whose manager process is gone (a manager
+        SIGKILLed while a container was being created leaves one behind)."""
+        from endpoint_agent.procutil import pid_alive
+
+        try:
+            out = subprocess.run([self.executable, "ps", "--all", "--filter", "label=skyfn.worker=1", "--format",
+                                  '{{.ID}} {{index .Labels "skyfn.manager"}}'], capture_output=True, text=True,
+                                 timeout=30).stdout.split("\n")
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        dead = [line.split()[0] for line in out if len(line.split()) == 2 and line.split()[1].isdigit()
+                and not pid_alive(int(line.split()[1]))]
+        if dead:
+            subprocess.run([self.executable, "rm", "--force", *dead], capture_output=True, timeout=60)
+        return dead
 
     def reap(self, label_value: str) -> list[str]:
         try:
@@ -346,7 +367,7 @@ class DockerRuntime(_OCIRuntime):
                                  "give the worker a file path instead (e.g. a /dev/shm file bind-mounted with `mounts`)")
         binds = self._host_binds(t, argv)
         inner = _rewrite_args(argv, {}, self.inner_parent)
-        args = self._run_args(ctype, t, name, env, pass_fds) + ["--init=false", "--pull", "never"]
+        args = self._run_args(ctype, t, name, env, pass_fds) + ["--pull", "never"]
         args += self._binds_args(binds) + list(self.config.extra_args) + list(t.options) + [t.image] + inner
         return Launch(_pdeathsig_prefix() + args, _client_env(), (), name, self.name, ctype, {})
 

@@ -19,7 +19,9 @@ under-served types in empty slots (after expiry, or at start).
 
 `schedule(queue, now)` assigns queued tasks to slots, warm matches first (a task whose
 type has an idle warm worker jumps ahead of older tasks that would need a cold start),
-then the rest in order; the oldest task is served first once it has waited `max_wait`.
+then types with no worker at all, then extra workers for a type only when its queued
+work per worker exceeds a cold start (`note_task`/`note_cold_start` feed the estimates);
+the oldest task is served first once it has waited `max_wait`.
 
 `choose_manager()` is the interchange's side: a task of type C goes to a manager with
 an idle warm C and the most free workers, else to the manager with the most free workers.
@@ -71,7 +73,7 @@ class PoolStats:
 
 class WarmPool:
     def __init__(self, slots: int, idle_timeout: float = 300.0, half_life: float = 60.0,
-                 max_per_type: Optional[int] = None, max_wait: float = 5.0):
+                 max_per_type: Optional[int] = None, max_wait: float = 60.0, cold_start_s: float = 1.0):
         if slots < 1:
             raise ValueError("slots must be >= 1")
         self.slots = [SlotState(i) for i in range(slots)]
@@ -82,6 +84,30 @@ class WarmPool:
         self.demand: dict[Optional[str], float] = {}
         self._demand_at = None  # time the counts were last decayed to
         self.stats = PoolStats()
+        self.est_cold = cold_start_s          # EWMA of measured cold starts (note_cold_start)
+        self.est_task: dict[Optional[str], float] = {}  # EWMA of task run times per type (note_task)
+
+    def note_cold_start(self, seconds: float) -> None:
+        self.est_cold = 0.7 * self.est_cold + 0.3 * seconds if self._cold_seen else seconds
+        self._cold_seen = True
+
+    _cold_seen = False
+
+    def note_task(self, ctype: Optional[str], seconds: float) -> None:
+        old = self.est_task.get(ctype)
+        self.est_task[ctype] = seconds if old is None else 0.8 * old + 0.2 * seconds
+
+    def worth_another(self, ctype: Optional[str], queued: int) -> bool:
+        """Start one more worker of `ctype` (whose workers are all busy) for `queued`
+        waiting tasks? Yes when their run time spread over the existing workers exceeds a
+        cold start; yes while the run time is unknown."""
+        n = self.count(ctype)
+        if n == 0:
+            return True
+        est = self.est_task.get(ctype)
+        if est is None:
+            return True
+        return queued * est / n > self.est_cold
 
     # --- demand ------------------------------------------------------------------
     def _decay(self, now: float) -> None:
@@ -258,15 +284,29 @@ class WarmPool:
                 if d is not None:
                     out.append((i, d))
                     taken.add(i)
-        for i in window:  # the rest, oldest first
-            if i in taken:
+        # the rest: types without any worker first (oldest first), then more workers for
+        # types whose backlog outweighs a cold start (worth_another)
+        queued: dict[Optional[str], int] = {}
+        for i in window:
+            if i not in taken:
+                queued[queue[i][0]] = queued.get(queue[i][0], 0) + 1
+        order = [i for i in window if i not in taken and self.count(queue[i][0]) == 0]
+        order += [i for i in window if i not in taken and self.count(queue[i][0]) > 0]
+        seen: set[int] = set()
+        for i in order:
+            if i in seen:
                 continue
+            seen.add(i)
             if not any(s.state in (IDLE, EMPTY) for s in self.slots):
                 break
-            d = self.place(queue[i][0], now)
+            ctype = queue[i][0]
+            if not self.worth_another(ctype, queued[ctype]):
+                continue
+            d = self.place(ctype, now)
             if d is not None:
                 out.append((i, d))
                 taken.add(i)
+                queued[ctype] -= 1
         return out
 
 

@@ -53,7 +53,7 @@ def test_podman_argv_registry_image(fixed_host):
     assert launch.argv == [
         "setpriv", "--pdeathsig", "TERM", "--",
         "/usr/bin/bash", "-c", 'exec "$@" 90<&17 3<&90 90<&- 17<&-', "sh",
-        "podman", "run", "--rm", "--network", "host", "--ipc", "private", "--label", "skyfn.worker=1",
+        "podman", "run", "--rm", "--init", "--network", "host", "--ipc", "private", "--label", "skyfn.worker=1",
         "--label", "skyfn.manager=777", "--label", "skyfn.type=np", "--name", "skyfn-w-1",
         "--env", "HOME=/tmp", "--env", "LANG=C.UTF-8", "--env", "OMP_NUM_THREADS=1",
         "--env", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "--env", "PYTHONPATH=/src",
@@ -61,7 +61,7 @@ def test_podman_argv_registry_image(fixed_host):
         "--ulimit", "nofile=20000:20000", "--preserve-fds", "1",
         "--volume", "/opt/py:/opt/py:ro", "--volume", "/src:/src:ro", "--volume", "/data:/data:ro",
         "--log-level=error", "--memory=1g", "--pull", "never", "docker.io/library/python:3.11",
-        *inner(0, 3)]
+        *inner(1, 3)]
     assert launch.pass_fds == (17,) and launch.inner_fds == {17: 3}
     assert make_runtime(cfg).kill_argv(launch) == ["podman", "rm", "--force", "--time", "0", "skyfn-w-1"]
 
@@ -71,15 +71,15 @@ def test_podman_argv_host_and_rootfs(fixed_host):
     rt = make_runtime(cfg, skeleton_dir="/var/tmp/skel")
     a = rt.wrap("h", WORKER, pass_fds=(17,)).argv
     i = a.index("podman")
-    assert a[i:] == ["podman", "run", "--rm", "--network", "host", "--ipc", "private", "--label", "skyfn.worker=1",
+    assert a[i:] == ["podman", "run", "--rm", "--init", "--network", "host", "--ipc", "private", "--label", "skyfn.worker=1",
                      "--label", "skyfn.manager=777", "--label", "skyfn.type=h", *ENV_OCI,
                      "--ulimit", "nofile=20000:20000", "--preserve-fds", "1",
                      "--volume", "/usr:/usr:ro", "--volume", "/etc/passwd:/etc/passwd:ro",
                      "--volume", "/opt/py:/opt/py:ro", "--volume", "/src:/src:ro",
-                     "--read-only", "--rootfs", "/var/tmp/skel", *inner(0, 3)]
+                     "--read-only", "--rootfs", "/var/tmp/skel", *inner(1, 3)]
     b = rt.wrap("r", WORKER).argv
     assert b[b.index("--volume"):] == ["--volume", "/opt/py:/opt/py:ro", "--volume", "/src:/src:ro",
-                                       "--read-only", "--rootfs", "/srv/rootfs", *inner(0, 17)]
+                                       "--read-only", "--rootfs", "/srv/rootfs", *inner(1, 17)]
     assert b[:4] == ["setpriv", "--pdeathsig", "TERM", "--"] and b[4] == "podman"  # no fds: no bash
 
 
@@ -87,11 +87,11 @@ def test_docker_argv(fixed_host):
     cfg = ContainerConfig(runtime="docker", types={"np": {"image": "python:3.11-slim"}})
     rt = make_runtime(cfg)
     launch = rt.wrap("np", WORKER, name="skyfn-w-2")
-    assert launch.argv == ["setpriv", "--pdeathsig", "TERM", "--", "docker", "run", "--rm", "--network", "host",
+    assert launch.argv == ["setpriv", "--pdeathsig", "TERM", "--", "docker", "run", "--rm", "--init", "--network", "host",
                            "--ipc", "private", "--label", "skyfn.worker=1", "--label", "skyfn.manager=777",
-                           "--label", "skyfn.type=np", "--name", "skyfn-w-2", *ENV_OCI, "--init=false",
+                           "--label", "skyfn.type=np", "--name", "skyfn-w-2", *ENV_OCI,
                            "--pull", "never", "--volume", "/opt/py:/opt/py:ro", "--volume", "/src:/src:ro",
-                           "python:3.11-slim", *inner(0, 17)]
+                           "python:3.11-slim", *inner(1, 17)]
     assert rt.kill_argv(launch) == ["docker", "rm", "--force", "skyfn-w-2"]
     with pytest.raises(ContainerError, match="file descriptors"):
         rt.wrap("np", WORKER, pass_fds=(17,))
@@ -238,7 +238,7 @@ def test_real_container_worker_runs_tasks_warm_reuse(name):
         assert out[0].value[2] == out[1].value[2]
         if name == "bubblewrap":
             assert out[0].value[1] == "skyfn-a"   # its own UTS namespace
-        assert out[0].value[2] in (1, 2)          # its own pid namespace
+        assert out[0].value[2] == 2               # its own pid namespace, under a tiny init
         out = pool.run([("a", double_and_host, (3,))], timeout=120)
         assert out[0].warm and pool.stats()["cold_starts"] == 1
         assert st["cold_start_s"]["n"] == 1 and st["cold_start_s"]["p50"] < 30

@@ -205,3 +205,36 @@ def test_choose_manager_ties_and_none():
 def test_rejects_zero_slots():
     with pytest.raises(ValueError):
         WarmPool(0)
+
+
+def test_schedule_no_extra_cold_start_for_short_tasks():
+    c = Clock()
+    p = WarmPool(3, max_wait=1e9, cold_start_s=0.3)
+    p.note_task("a", 0.001)
+    p.place("a", c())                       # a busy; two empty slots
+    q = [("a", c())] * 10 + [("b", c())]
+    got = p.schedule(q, c())
+    # 10 short a tasks are not worth a second a container: b gets a slot, the a's wait
+    assert [(i, d.action, d.ctype) for i, d in got] == [(10, COLD, "b")]
+
+
+def test_schedule_extra_workers_for_long_tasks():
+    c = Clock()
+    p = WarmPool(3, max_wait=1e9, cold_start_s=0.3)
+    p.note_task("a", 0.5)
+    p.place("a", c())
+    got = p.schedule([("a", c())] * 10, c())
+    assert [d.action for _i, d in got] == [COLD, COLD]   # 10 x 0.5 s of work: parallelism pays
+    p2 = WarmPool(2, max_wait=1e9)
+    p2.place("a", c())
+    assert len(p2.schedule([("a", c())] * 3, c())) == 1  # run time unknown: optimistic
+
+
+def test_note_estimates():
+    p = WarmPool(1, cold_start_s=1.0)
+    p.note_cold_start(0.2)
+    assert p.est_cold == 0.2
+    p.note_cold_start(0.4)
+    assert abs(p.est_cold - 0.26) < 1e-9
+    p.note_task("a", 1.0); p.note_task("a", 0.0)
+    assert abs(p.est_task["a"] - 0.8) < 1e-9
