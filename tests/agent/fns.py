@@ -28,3 +28,16 @@ def slow(x, seconds):
 
 def die(x):
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def chatty(x, n_out=10, n_err=5):
+    import sys
+
+    print("out" * n_out, end="")
+    sys.stderr.write("err" * n_err)
+    return x
+
+
+def gpu_env(x, sleep=0.0):
+    time.sleep(sleep)
+    return [x, os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("OMP_NUM_THREADS"), os.getpid()]
