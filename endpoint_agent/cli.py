@@ -178,7 +178,8 @@ def _describe(paths: EndpointPaths) -> dict:
            "endpoint_id": st.get("endpoint_id"), "config": str(paths.config), "log": str(paths.log)}
     if pid is not None and st.get("pid") == pid:
         for key in ("workers", "in_flight", "completed", "failed", "retried", "started", "updated", "manager_pid",
-                    "worker_pids"):
+                    "worker_pids", "pending", "managers", "blocks", "containers", "cold_starts", "cancelled",
+                    "managers_lost", "interchange", "encrypted", "server_key", "scaling"):
             out[key] = st.get(key)
         out["agent_state"] = st.get("state")
     return out
@@ -206,10 +207,29 @@ def status(name: str, as_json: bool = typer.Option(False, "--json", help="print 
         up = time.time() - info["started"]
         rows.append(("started", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info["started"]))
                      + f" (up {up:.0f} s)"))
+    if info.get("interchange"):
+        rows.append(("interchange", info["interchange"] + (" (CurveZMQ)" if info.get("encrypted") else "")))
+    if info.get("pending") is not None:
+        rows.append(("queue depth", f"{info['pending']} waiting for a worker"))
+    if info.get("containers"):
+        rows.append(("containers", ", ".join(f"{k}: {v}" for k, v in sorted(info["containers"].items()))
+                     + f" (cold starts: {info.get('cold_starts', 0)})"))
     rows += [("config", info["config"]), ("log", info["log"])]
     for key, value in rows:
         if value is not None:
             typer.echo(f"  {key:<12} {value}")
+    blocks = info.get("blocks") or {}
+    if blocks:
+        typer.echo(f"  {'BLOCK':<14} {'MANAGERS':>8} {'WORKERS':>8} {'FREE':>6} {'TASKS':>6}")
+        for bid, b in sorted(blocks.items()):
+            typer.echo(f"  {bid:<14} {b['managers']:>8} {b['workers']:>8} {b['free_workers']:>6} {b['assigned']:>6}")
+    managers = info.get("managers") or []
+    if managers:
+        typer.echo(f"  {'MANAGER':<28} {'BLOCK':<10} {'HOST':<16} {'WORKERS':>7} {'FREE':>5} {'RUN':>4}  WARM")
+        for m in managers:
+            warm = ",".join(f"{k}:{v}" for k, v in sorted(m.get("containers", {}).items())) or "-"
+            typer.echo(f"  {m['id'][:28]:<28} {m['block'][:10]:<10} {m['hostname'][:16]:<16} {m['workers']:>7} "
+                       f"{m['free_workers']:>5} {m['running']:>4}  {warm}{' (draining)' if m.get('draining') else ''}")
 
 
 @app.command("list")

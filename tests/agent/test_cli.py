@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import re
 import time
 
 import yaml
@@ -88,6 +89,9 @@ def test_start_status_list_stop_cycle(home, queues):
             break
         time.sleep(0.3)
     assert r.returncode == 0 and f"running (pid {pid})" in r.stdout and "endpoint_id  ep" in r.stdout, r.stdout
+    # blocks, managers, workers and queue depth
+    assert "queue depth" in r.stdout and "BLOCK" in r.stdout and "MANAGER" in r.stdout, r.stdout
+    assert re.search(r"^\s+local\s+1\s+1\s+", r.stdout, re.M), r.stdout
     r = cli(home, "list")
     assert "svc" in r.stdout and "running" in r.stdout and str(pid) in r.stdout
 
