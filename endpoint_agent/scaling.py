@@ -327,6 +327,34 @@ class InterchangeControl(Protocol):
         registers later is drained at once. Tasks given back are dispatched elsewhere."""
 
 
+class InterchangeAdapter:
+    """InterchangeControl over endpoint_agent.interchange.Interchange as it stands:
+    `snapshot()["blocks"][id]` = {managers, workers, free_workers, running, assigned} and
+    `drain(block=id)`. `last_busy` is used when the interchange provides it; otherwise it is
+    sampled here (a block seen holding tasks is busy at that moment)."""
+
+    def __init__(self, interchange: Any, clock: Callable[[], float] = time.monotonic):
+        self.ix = interchange
+        self.clock = clock
+        self._last_busy: dict[str, float] = {}
+
+    def block_snapshot(self) -> Mapping[str, Any]:
+        snap = self.ix.snapshot()
+        now = self.clock()
+        blocks = {}
+        for bid, b in (snap.get("blocks") or {}).items():
+            tasks = int(b.get("tasks", b.get("assigned", 0)))
+            if tasks:
+                self._last_busy[bid] = now
+            blocks[bid] = {"managers": int(b.get("managers", 0)), "workers": int(b.get("workers", 0)),
+                           "free": int(b.get("free", b.get("free_workers", 0))), "tasks": tasks,
+                           "last_busy": b.get("last_busy", self._last_busy.get(bid))}
+        return {"pending": int(snap.get("pending", 0)), "blocks": blocks}
+
+    def drain_block(self, block_id: str) -> None:
+        self.ix.drain(block=block_id)
+
+
 @dataclass
 class Block:
     block_id: str
@@ -469,6 +497,7 @@ class BlockManager:
             tasks = int(entry.get("tasks", 0))
             if managers and not b.connected_once:
                 b.connected_once = True
+                b.idle_since = now  # the idle clock of a started block runs from its connection
                 self._failures = 0
                 log.info("block %s: %d manager(s) connected after %.1f s", bid, managers, now - b.submitted)
             last_busy = entry.get("last_busy")
@@ -491,6 +520,8 @@ class BlockManager:
         self.finished.append(b)
         del self.finished[:-100]
         if b.drain_started is not None:
+            if b.cancel_sent is None:
+                self._cancel(b, now)  # its managers left and the job ended in the same round
             log.info("block %s (job %s) stopped: %s", b.block_id, b.job_id, b.state)
             return
         if not b.connected_once:
@@ -549,19 +580,29 @@ class BlockManager:
                 continue
             managers = int(b.last.get("managers", 0))
             tasks = int(b.last.get("tasks", 0))
+            if managers and now > b.drain_started:
+                try:  # a manager of the block that registered after the drain began (idempotent)
+                    self.interchange.drain_block(b.block_id)
+                except Exception as exc:  # noqa: BLE001
+                    self._error(f"cannot drain block {b.block_id}: {exc}")
             gone = managers == 0 or b.state.terminal
             overdue = self.drain_timeout is not None and now - b.drain_started >= self.drain_timeout and tasks == 0
             if not (gone or overdue):
                 continue
-            b.cancel_sent = now
-            if b.job_id is None or b.state.terminal:
-                continue
-            try:
-                self.provider.cancel([b.job_id])
-                log.info("block %s drained; job %s cancelled", b.block_id, b.job_id)
-            except ProviderError as exc:
-                b.cancel_sent = None  # try again next round
-                self._error(f"cannot cancel job {b.job_id} of block {b.block_id}: {exc}")
+            self._cancel(b, now)
+
+    def _cancel(self, b: Block, now: float) -> None:
+        """Cancel a drained block's job. Always sent, even when the job seems to have ended with
+        its managers: a no-op then, and it frees nodes a lingering script would keep."""
+        b.cancel_sent = now
+        if b.job_id is None:
+            return
+        try:
+            self.provider.cancel([b.job_id])
+            log.info("block %s drained; job %s cancelled", b.block_id, b.job_id)
+        except ProviderError as exc:
+            b.cancel_sent = None  # try again next round
+            self._error(f"cannot cancel job {b.job_id} of block {b.block_id}: {exc}")
 
     # --- control -----------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

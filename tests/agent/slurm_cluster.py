@@ -95,7 +95,7 @@ class SlurmCluster:
         r = self.root
         for d in ("state", "spool", "log", "munge"):
             (r / d).mkdir(parents=True, exist_ok=True)
-        os.chmod(r / "munge", 0o700)
+        os.chmod(r / "munge", 0o755)  # clients need to reach the socket; the key stays 0600
         key = r / "munge" / "munge.key"
         key.write_bytes(secrets.token_bytes(1024))
         os.chmod(key, 0o600)

@@ -333,3 +333,19 @@ def test_init_and_min_blocks_and_stop_cancels_all():
     assert len(ix.drained) == 1 and len(prov.cancelled) == 1
     bm.stop()
     assert sorted(prov.cancelled) == ["100", "101"]
+
+
+def test_idle_clock_of_a_block_starts_when_it_connects():
+    # queued for longer than max_idletime, then its manager connects and runs short tasks
+    # between two rounds: it must not be stopped at once
+    bm, prov, ix, clock = make_bm(max_idletime=3, max_blocks=1)
+    ix.pending = 40
+    bm.step()
+    (bid,) = bm.blocks
+    ix.pending = 0
+    clock.t += 10
+    prov.jobs["100"] = JobState.RUNNING
+    ix.blocks = {bid: {"managers": 1, "workers": 2, "free": 2, "tasks": 0, "last_busy": None}}
+    assert bm.step().stop == ()
+    clock.t += 3
+    assert bm.step().stop == (bid,)
