@@ -276,3 +276,28 @@ def test_manager_command_line_is_stable(workers):
     args = build_parser().parse_args(["--interchange", "tcp://h:1", "--block", "b7", "--workers", str(workers),
                                       "--server-key", "K" * 40])
     assert (args.interchange, args.block, args.workers, args.server_key) == ("tcp://h:1", "b7", workers, "K" * 40)
+
+
+def test_container_tasks_run_in_warm_bubblewrap_workers(queues, agent_factory):
+    import shutil
+
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed")
+    agent = agent_factory(workers=2, containers={"runtime": "bubblewrap", "idle_timeout": 60,
+                                                 "types": {"fn0": {"image": "host"}, "fn1": {"image": "host"}}})
+    agent.start(wait_workers=2)
+    a = queues.push(fns.whoami, [(i,) for i in range(6)], prefix="c0", container="fn0", pack_size=6)
+    ra = _one(queues.collect(a, timeout=40))
+    b = queues.push(fns.whoami, [(i,) for i in range(6)], prefix="c1", container="fn1", function_id="f2")
+    rb = _one(queues.collect(b, timeout=40))
+    assert all(r["state"] == "SUCCEEDED" for r in list(ra.values()) + list(rb.values()))
+    # inside bubblewrap's own pid namespace the worker's pid is tiny
+    assert all(deserialize(r["result"])[1] < 50 for r in list(ra.values()) + list(rb.values()))
+    st = agent.wait_status(lambda s: s.get("cold_starts", 0) >= 2 and s.get("containers"))
+    assert set(st["containers"]) <= {"fn0", "fn1"}
+    # a second batch of fn0 reuses warm workers: no cold start per task
+    before = st["cold_starts"]
+    c = queues.push(fns.whoami, [(i,) for i in range(20)], prefix="c2", container="fn1", function_id="f2")
+    assert all(r["state"] == "SUCCEEDED" for r in _one(queues.collect(c, timeout=40)).values())
+    st = agent.wait_status(lambda s: True)
+    assert st["cold_starts"] - before <= 1, st
