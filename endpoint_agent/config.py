@@ -124,7 +124,7 @@ class EndpointConfig(BaseModel):
 
     @property
     def manager_prefetch_value(self) -> int:
-        return self.manager_prefetch if self.manager_prefetch is not None else max(2 * self.workers, 64)
+        return self.manager_prefetch if self.manager_prefetch is not None else max(256, 64 * self.workers)
 
     @property
     def scaling(self):
@@ -270,7 +270,8 @@ provider: local            # allowed: local, slurm, pbs
 #                                  # (the server key pair lives in this endpoint's directory, curve/)
 # managers: 1                      # local managers the agent starts itself (each with `workers` workers)
 # manager_heartbeat_period: 2      # a manager silent for 2 periods is lost; its tasks re-run
-# manager_prefetch: 64             # tasks a manager holds beyond its workers (default max(64, 2 * workers))
+# manager_prefetch: 256            # tasks a manager holds beyond its workers (default max(256, 64 * workers));
+#                                  # lower it (0-4) for long tasks spread over many nodes
 
 # --- Tasks -------------------------------------------------------------------------
 # max_output_bytes: 65536          # captured stdout / stderr per task and stream, then truncated
