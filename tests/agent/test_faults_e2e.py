@@ -84,3 +84,25 @@ def test_sigkill_during_5000_task_batch_every_task_once(local_home, client, vict
             assert t["state"] == "SUCCEEDED"
             finals += sum(1 for e in t["events"] if e[0] in ("SUCCEEDED", "FAILED"))
     assert finals == N
+
+
+def sleepy(x):
+    import time as _t
+
+    _t.sleep(x)
+    return x
+
+
+def test_cancel_through_the_service_kills_the_running_task(local_home, client, endpoint_id):  # noqa: F811
+    _wait(lambda: (s := _status(local_home)) and s.get("state") == "running" and len(s.get("worker_pids") or []) == 2)
+    before = set(_status(local_home)["worker_pids"])
+    tid = client.run(sleepy, 60, endpoint_id=endpoint_id)
+    _wait(lambda: client.get_task(tid)["state"] == "RUNNING", timeout=30)
+    assert client.cancel(tid)
+    st = _wait(lambda: (s := _status(local_home)) and len(s.get("worker_pids") or []) == 2
+               and len(set(s["worker_pids"]) - before) == 1 and s, timeout=20)  # its worker was replaced
+    assert st.get("cancelled", 0) >= 1
+    other = client.run(sleepy, 0, endpoint_id=endpoint_id)
+    assert client.get_result(other, timeout=30) == 0
+    time.sleep(1.0)
+    assert client.get_task(tid)["state"] == "CANCELLED"
