@@ -243,25 +243,37 @@ try:
 except ImportError:  # pragma: no cover - used as a script without pytest
     pytest = None
 
+_shared: dict = {"cluster": None, "users": 0, "old_conf": None}
+
 if pytest is not None:
     @pytest.fixture(scope="session")
     def slurm_cluster(tmp_path_factory):
-        """A running private Slurm cluster; SLURM_CONF points at it for the whole session."""
+        """A running private Slurm cluster; SLURM_CONF points at it while it runs. Test modules
+        import this fixture; they share one cluster per session (reference-counted)."""
         reason = missing_reason()
         if reason:
             pytest.skip(reason)
-        # a short path: unix socket names are limited to 108 bytes
-        cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-        old = os.environ.get("SLURM_CONF")
-        with cluster:
-            os.environ["SLURM_CONF"] = str(cluster.conf)
+        if _shared["cluster"] is None:
+            cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
             try:
-                yield cluster
-            finally:
-                if old is None:
+                cluster.start()
+            except BaseException:
+                cluster.stop()
+                raise
+            _shared.update(cluster=cluster, old_conf=os.environ.get("SLURM_CONF"))
+            os.environ["SLURM_CONF"] = str(cluster.conf)
+        _shared["users"] += 1
+        try:
+            yield _shared["cluster"]
+        finally:
+            _shared["users"] -= 1
+            if _shared["users"] == 0:
+                _shared["cluster"].stop()
+                _shared["cluster"] = None
+                if _shared["old_conf"] is None:
                     os.environ.pop("SLURM_CONF", None)
                 else:
-                    os.environ["SLURM_CONF"] = old
+                    os.environ["SLURM_CONF"] = _shared["old_conf"]
 
 
 if __name__ == "__main__":  # pragma: no cover
