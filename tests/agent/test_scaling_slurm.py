@@ -9,7 +9,6 @@ import shlex
 import threading
 import time
 
-import pytest
 
 from endpoint_agent.agent import Agent
 from endpoint_agent.config import EndpointConfig
