@@ -76,29 +76,43 @@ def accelerators_from_env() -> list[str]:
 
 
 class SimplePool:
-    """Warm-pool policy used when endpoint_agent.containers is not installed: reuse an idle
-    worker of the type; else turn the least recently used idle worker of another type
-    into one, unless that type still has a backlog and enough workers for its share."""
+    """The manager's warm-pool choice for a chunk-based worker pool: reuse an idle worker of
+    the type; else turn the least recently used idle worker of another type into one, types
+    above their share first, never one whose type still has a backlog and no more than its
+    share. Shares are proportional to the tasks received per type; with
+    endpoint_agent.containers present its WarmPool's decayed demand (`targets`) is used."""
 
-    def __init__(self) -> None:
+    def __init__(self, slots: int = 1, half_life: float = 60.0) -> None:
         self.received: collections.Counter = collections.Counter()
         self.cold_starts = 0
+        self.demand = None
+        try:
+            from endpoint_agent.containers.warm_pool import WarmPool
+
+            self.demand = WarmPool(max(1, slots), half_life=half_life)
+        except Exception:  # noqa: BLE001 - plain counts then
+            self.demand = None
 
     def note(self, ctype: str, n: int) -> None:
         self.received[ctype] += n
+        if self.demand is not None:
+            self.demand.observe(ctype, time.monotonic(), n)
+
+    def shares(self, total: int) -> dict[str, int]:
+        if self.demand is not None:
+            return {k: v for k, v in self.demand.targets(time.monotonic()).items()}
+        total_recv = sum(self.received.values()) or 1
+        return {k: max(1, round(total * v / total_recv)) for k, v in self.received.items()}
 
     def victim(self, ctype: str, idle: list["WorkerProc"], counts: dict[str, int], backlog: dict[str, int],
                total: int) -> "WorkerProc | None":
-        total_recv = sum(self.received.values()) or 1
-        best = None
-        for w in sorted(idle, key=lambda w: w.last_used):  # least recently used first
-            if w.ctype == ctype:
-                continue
-            share = max(1, round(total * self.received[w.ctype] / total_recv))
-            if not backlog.get(w.ctype) or counts.get(w.ctype, 0) > share or counts.get(ctype, 0) == 0:
-                best = w
-                break
-        return best
+        shares = self.shares(total)
+        cands = sorted((w for w in idle if w.ctype != ctype), key=lambda w: w.last_used)  # LRU first
+        over = [w for w in cands if counts.get(w.ctype, 0) > shares.get(w.ctype, 0)]
+        for w in over + cands:
+            if not backlog.get(w.ctype) or w in over or counts.get(ctype, 0) == 0:
+                return w
+        return None
 
 
 class WorkerProc:
@@ -188,19 +202,20 @@ class Manager:
     # --- containers (colleague B's API when present) ------------------------------
     def _containers(self, settings: dict[str, Any]):
         self.idle_timeout = float(settings.get("idle_timeout", 300.0))
+        pool = SimplePool(self.n_workers, float(settings.get("demand_half_life", 60.0)))
         if not settings:
-            return None, SimplePool()
+            return None, pool
         try:
             from endpoint_agent.containers import runtime_from_settings
         except ImportError:
             log.error("containers configured but endpoint_agent.containers is missing; workers run without them")
-            return None, SimplePool()
+            return None, pool
         try:
             runtime = runtime_from_settings(settings)
         except Exception as exc:  # noqa: BLE001 - ContainerError / ContainerConfigError say why
             log.error("container runtime unusable (%s); workers run without containers", exc)
             runtime = None
-        return runtime, SimplePool()
+        return runtime, pool
 
     def _popen(self, ctype: str, cmd: list[str], slot: int):
         """(process, launch) of a worker of this type: inside a container when a runtime is set."""
