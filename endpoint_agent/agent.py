@@ -215,6 +215,7 @@ class Agent:
         lease_every = cfg.lease_seconds / 3.0
         next_lease = time.monotonic() + lease_every
         next_status = time.monotonic()
+        roster = ix.roster
         try:
             while not self._stop.is_set():
                 ix.step(LOOP_WAIT_S)
@@ -222,8 +223,9 @@ class Agent:
                 if mono >= next_lease:
                     next_lease = mono + lease_every
                     ix.extend_leases()
-                if mono >= next_status:
+                if mono >= next_status or ix.roster != roster:
                     next_status = mono + STATUS_PERIOD_S
+                    roster = ix.roster
                     self._write_status()
             self._drain(ix, next_lease, lease_every)
         finally:

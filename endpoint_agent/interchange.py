@@ -218,6 +218,7 @@ class Interchange:
         self.received_tasks = 0
         self.retried = 0
         self.managers_lost = 0
+        self.roster = 0  # bumped when a manager registers or goes (status.json is rewritten)
         self.closing = False
 
     # --- other threads ---------------------------------------------------------
@@ -372,6 +373,7 @@ class Interchange:
     def lose_manager(self, m: ManagerHandle, why: str, mono: float) -> None:
         """The manager is gone (or must be treated so): its tasks run elsewhere."""
         self.managers.pop(m.identity, None)
+        self.roster += 1
         if m.proc is not None and m.proc.poll() is None:
             m.proc.kill()
         if m.registered:
@@ -634,6 +636,7 @@ class Interchange:
                 log.info("manager %s (block %s) drained and left", m.id, m.block)
                 m.draining = True
                 self.managers.pop(identity, None)
+                self.roster += 1
                 self._requeue_from(m, f"manager {m.id} left")
                 if m.slot is not None and m.slot < len(self.local_slots):
                     self.local_slots[m.slot]["handle"] = None
@@ -641,6 +644,7 @@ class Interchange:
 
     def on_register(self, m: ManagerHandle, info: dict) -> None:
         m.registered = True
+        self.roster += 1
         m.hostname = info.get("hostname", "")
         m.pid = info.get("pid")
         m.block = str(info.get("block", m.block))
