@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo test test-fast bench bench-e2e bench-agent bench-warming bench-deps clean
 
 install: $(STAMP)
 
@@ -25,9 +25,21 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -x tests/unit tests/service
 
-bench: install
+# Benchmarks run their peers (Parsl HTEX, Globus Compute's engine) in the same run.
+bench: bench-e2e bench-agent bench-warming
+
+bench-deps: install
 	$(PY) -m pip install -q -r requirements-bench.txt
+	test -x $(VENV)/peers/gce/bin/python || $(PY) -m benchmarks.agent --setup-gce
+
+bench-e2e: bench-deps
 	$(PY) -m benchmarks.e2e --json
+
+bench-agent: bench-deps
+	$(PY) -m benchmarks.agent --json
+
+bench-warming: install
+	$(PY) -m benchmarks.warming --json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
