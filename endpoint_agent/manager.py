@@ -202,6 +202,13 @@ class Manager:
     # --- containers (colleague B's API when present) ------------------------------
     def _containers(self, settings: dict[str, Any]):
         self.idle_timeout = float(settings.get("idle_timeout", 300.0))
+        self.routing = settings.get("routing") or "warm"
+        if self.routing not in ("warm", "random"):
+            log.error("containers.routing %r is not one of: warm, random; using warm", self.routing)
+            self.routing = "warm"
+        import random
+
+        self.rng = random.Random(settings.get("routing_seed"))
         pool = SimplePool(self.n_workers, float(settings.get("demand_half_life", 60.0)))
         if not settings:
             return None, pool
@@ -425,6 +432,8 @@ class Manager:
             return
         if self.rbacklog:
             self._dispatch_resources(ready)
+        if self.routing == "random":
+            return self._dispatch_random(ready)
         for ctype, dq in self.backlog.items():
             if not dq:
                 continue
@@ -464,6 +473,38 @@ class Manager:
         self.kill_worker(w, "evict", -1, "evicted")
         self.respawn_at[w.slot] = 0.0
         w.ready = False
+
+    def _dispatch_random(self, ready: list[WorkerProc]) -> None:
+        """containers.routing: random (funcX's baseline): each task is bound to a slot drawn
+        uniformly at random (kept in self.backlog under the slot's int index, so cancel and
+        drain see it) and waits for it; a slot whose worker is of another type is restarted
+        as the task's type (a cold start). One task at a time per worker."""
+        backlog = self.backlog
+        n = self.n_workers
+        new = []
+        for key, dq in backlog.items():
+            if dq and not isinstance(key, int):
+                new.extend(dq)
+                dq.clear()
+        for task in sorted(new, key=lambda t: t[0]):  # keys grow in arrival order
+            backlog.setdefault(self.rng.randrange(n), collections.deque()).append(task)
+        for w in ready:
+            dq = backlog.get(w.slot)
+            if not dq or w.inflight or w.gpus:
+                continue
+            ctype = dq[0][4] or NONE
+            if w.ctype != ctype:
+                if not self.draining:
+                    log.info("worker %s: %s -> %s (random routing, cold start)", w.slot, w.ctype, ctype)
+                    self.slot_type[w.slot] = ctype
+                    self.kill_worker(w, "evict", -1, "evicted")
+                    self.respawn_at[w.slot] = 0.0
+                    w.ready = False
+                continue
+            if self.cores_free >= 1:
+                self.cores_free -= 1
+                w.cores = 1
+                self.send_chunk(w, dq, 1)
 
     def _dispatch_resources(self, ready: list[WorkerProc]) -> None:
         """Tasks with cores/GPUs: one at a time, on an idle worker, when the node has room."""

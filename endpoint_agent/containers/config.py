@@ -9,6 +9,8 @@ which container *types* exist (type name -> image and options), and the warm-poo
       prewarm: false           # start idle slots for the types in demand (proportional sizing)
       default_type: null       # type of tasks that name none (null: plain worker, no container)
       extra_args: []           # added to every `<runtime> run` command
+      routing: warm            # warm: warming-aware placement in the manager; random: funcX's baseline
+      routing_seed: null       # seed of random routing (null: a fresh one); for tests and benchmarks
       types:
         numpy:
           image: docker.io/library/python:3.11   # podman/docker: registry image, or a rootfs directory (podman)
@@ -38,6 +40,8 @@ ALLOWED: dict[str, str] = {
     "prewarm": "true or false",
     "default_type": "null or the name of a type under `types`",
     "extra_args": "a list of strings",
+    "routing": "one of: warm, random",
+    "routing_seed": "an integer, or null",
     "types": "a mapping of type names (letters, digits, _ . : / -) to {image, python, mounts, env, options}",
     "image": "podman/docker: an image name or (podman) an absolute rootfs directory; apptainer: a .sif file, "
              "a sandbox directory or docker://...; bubblewrap: an absolute root filesystem directory; "
@@ -110,6 +114,8 @@ class ContainerConfig(BaseModel):
     prewarm: bool = False
     default_type: Optional[str] = None
     extra_args: list[str] = Field(default_factory=list)
+    routing: Literal["warm", "random"] = "warm"
+    routing_seed: Optional[int] = None
     types: dict[str, ContainerType] = Field(default_factory=dict)
 
     @field_validator("types")
@@ -183,6 +189,7 @@ TEMPLATE = """\
 #   demand_half_life: 60     # seconds; per-type demand counts decay with this half-life
 #   prewarm: false           # start empty slots for types in demand, in proportion to it
 #   default_type: null       # type for tasks that name none (null: a plain worker)
+#   routing: warm            # warm (warming-aware placement) | random (funcX's baseline, benchmarks)
 #   types:
 #     mytype:
 #       image: host          # podman/bubblewrap: host /usr read-only; or a rootfs dir / image name

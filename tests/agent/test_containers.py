@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 
 import pytest
 
@@ -277,3 +278,121 @@ def test_real_random_routing_cold_starts_more():
     assert [o.value[0] for o in warm_out] == [2 * i for i in range(12)]
     # warm: a, b, then c twice once a and b are done (parallelism); random: ~2/3 of 12
     assert warm["cold_starts"] <= 4 < rand["cold_starts"]
+
+
+# --- containers.routing in the agent's manager ----------------------------------------------
+class _Proc:
+    pid = 0
+
+    def kill(self):
+        pass
+
+    def poll(self):
+        return None
+
+
+def _manager(routing: str, seed: int = 7, types=("a", "b")):
+    from endpoint_agent.manager import Manager, WorkerProc
+
+    m = Manager("tcp://127.0.0.1:9", "t", 4, 8, cores=4,
+                containers={"runtime": "none", "routing": routing, "routing_seed": seed,
+                            "types": {t: {"image": "host"} for t in types}})
+    for slot, ctype in enumerate(["a", "b", "a", "b"]):   # four warm idle workers: a, b, a, b
+        w = WorkerProc(slot, slot + 1, _Proc(), f"w{slot}".encode(), ctype)
+        w.ready = True
+        m.workers[slot] = w
+        m.slot_type[slot] = ctype
+    sent, restarted = [], []
+    m.send_chunk = lambda w, dq, size: (sent.append((w.slot, dq[0][4])), w.inflight.append(dq.popleft()),
+                                        setattr(m, "n_backlog", m.n_backlog - 1))
+    kill = m.kill_worker
+    m.kill_worker = lambda w, *a: (restarted.append((w.slot, w.ctype, m.slot_type[w.slot])), kill(w, *a))
+    return m, sent, restarted
+
+
+def _close(m):
+    m.wsock.close(0)
+    m.ix.close(0)
+    m.ctx.term()
+    m.slots.close()
+
+
+def test_manager_routing_switch_warm_vs_seeded_random():
+    import random
+
+    tasks = [[k, "f", "", None, "ab"[k % 2], None, None] for k in range(8)]
+    # warm (default): every idle worker gets a task of its own type, nothing restarted
+    m, sent, restarted = _manager("warm")
+    assert m.routing == "warm"
+    for t in tasks:
+        m._queue(list(t))
+    m.dispatch()
+    assert sorted(sent) == [(0, "a"), (1, "b"), (2, "a"), (3, "b")] and restarted == []
+    _close(m)
+    # random: each task bound to a slot drawn with the seed; a head task of another type
+    # restarts that slot's worker as the task's type (a cold start) instead of running
+    runs = []
+    for _ in range(2):
+        m, sent, restarted = _manager("random", seed=7)
+        assert m.routing == "random"
+        for t in tasks:
+            m._queue(list(t))
+        m.dispatch()
+        rng = random.Random(7)
+        bound: dict[int, list] = {}
+        for k in range(8):                      # in arrival (key) order
+            bound.setdefault(rng.randrange(4), []).append("ab"[k % 2])
+        want_sent = [(s, q[0]) for s, q in sorted(bound.items()) if q[0] == "abab"[s]]
+        want_restart = [(s, "abab"[s], q[0]) for s, q in sorted(bound.items()) if q[0] != "abab"[s]]
+        assert sent == want_sent and restarted == want_restart
+        assert m.n_backlog == 8 - len(sent) and sum(len(m.backlog.get(s, ())) for s in range(4)) == m.n_backlog
+        runs.append((sent, restarted))
+        m.start_drain()                          # slot-bound tasks are given back on drain
+        assert sorted(m.back_out) == sorted(k for k in range(8) if k not in {t[0] for w in m.workers
+                                                                             for t in w.inflight})
+        _close(m)
+    assert runs[0] == runs[1] and runs[0][1]   # deterministic with the seed; some restarts
+    with pytest.raises(ContainerConfigError) as e:
+        parse_container_config({"routing": "lru"})
+    assert "containers.routing" in str(e.value) and "'lru'" in str(e.value) and "warm, random" in str(e.value)
+
+
+def _mixed_pack(types: list[str], prefix: str):
+    from skyfn.protocol.messages import TaskPack, TaskSpec
+    from skyfn.protocol.serialize import pack_args, serialize_function
+    from tests.agent import fns
+
+    specs = [TaskSpec(task_id=f"{prefix}{i}", function_id="f1", payload=pack_args((i,), {}), container=t)
+             for i, t in enumerate(types)]
+    pack = TaskPack(pack_id=f"{prefix}-pack", endpoint_id="ep", functions={"f1": serialize_function(fns.whoami)},
+                    tasks=specs)
+    return [s.task_id for s in specs], [pack.model_dump_json().encode()], [[s.task_id for s in specs]]
+
+
+def test_agent_random_routing_cold_starts_more_than_warm_bubblewrap(queues, agent_factory):
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed")
+    types = ["a", "b"] * 8
+    cold = {}
+    for routing in ("warm", "random"):
+        agent = agent_factory(name=f"ep-{routing}", workers=2, manager_heartbeat_period=0.2, containers={
+            "runtime": "bubblewrap", "routing": routing, "routing_seed": 3,
+            "types": {"a": {"image": "host"}, "b": {"image": "host"}}})
+        agent.start(wait_workers=2)
+        ids, bodies, groups = _mixed_pack(types, f"{routing}-")
+        queues.send(bodies, groups)
+        res = queues.collect(ids, timeout=90)
+        assert all(r[-1]["state"] == "SUCCEEDED" for r in res.values())
+        done = time.time()                       # status.json written after a later heartbeat
+        cold[routing] = agent.wait_status(lambda s: s.get("updated", 0) > done + 0.5)["cold_starts"]
+        assert agent.terminate() == 0
+    # random: task k is bound to slot rng.randrange(2) in arrival order; every change of type
+    # in a slot's sequence is a cold start (15 with seed 3); warm: a few (4-6 seen)
+    import random
+
+    rng, last, want = random.Random(3), [None, None], 0
+    for t in types:
+        s = rng.randrange(2)
+        want += last[s] != t
+        last[s] = t
+    assert cold["random"] == want and cold["warm"] + 5 <= cold["random"], cold
