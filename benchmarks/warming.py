@@ -1,32 +1,36 @@
-"""funcX's container-warming experiment (section 6.2), scaled to this machine.
+"""funcX's container-warming experiment (section 6.2), scaled to this machine, on the agent.
 
-    .venv/bin/python -m benchmarks.warming [--json] [--runtime podman|bubblewrap]
-        [--slots 4] [--types 10] [--batches 25,50,100] [--durations 0,0.1,0.5] [--seed 1]
+    .venv/bin/python -m benchmarks.warming [--json] [--mode agent|harness]
+        [--runtime podman|bubblewrap] [--slots 4] [--types 10] [--batches 25,50,100]
+        [--durations 0,0.1,0.5] [--seed 1] [--cold-samples 8]
 
 10 functions each need their own container type; a batch of tasks is drawn uniformly at
 random over the types; there are fewer worker slots (default 4) than types, so not every
 type can stay warm. Each (batch size, duration) is run twice on the same batch, each time
-from a cold pool:
-- warming-aware routing: endpoint_agent.containers.warm_pool (a task goes to an idle worker
-  warm for its type; else an empty slot; else the least-recently-used idle worker of
-  another type is replaced; queued tasks with a warm worker go first);
-- random routing: each task goes to a slot drawn at random and waits for it; if the slot
-  is warm for another type its container is replaced (a cold start).
-Reported: completion time of the batch (submit to last result), cold starts, and the
-reduction of completion time (funcX reported up to 61%).
+from a cold pool, once per routing policy.
 
-Containers are real: every worker is `endpoint_agent.worker` inside a container started
-by the runtime (default podman: `podman run --rm --rootfs <skeleton> --network host`,
-the host's /usr and Python bound read-only; a cold start is container creation +
-interpreter start + imports until the worker's READY). podman is the default because its
-cold start (~0.25-0.4 s here: an OCI container created by conmon/crun, mounts, namespaces,
-cgroups) is the realistic one; bubblewrap's (~0.1 s) is little more than a Python start.
-The cold-start time of each real runtime (and of a plain process) is measured first.
+--mode agent (default): the real endpoint agent. A redis-server (infra.local.processes)
+holds the endpoint's task/results streams; `python -m endpoint_agent start bench
+--foreground` runs with its queues configured directly, `workers: <slots>`, and
+`containers: {runtime, routing: warm|random, routing_seed, types: {fn0..fn9: {image: host}}}`
+(a fresh agent per run: every run starts with plain workers and no warm container). The
+batch is one TaskPack whose tasks name their type in `container`; the function is
+sleep(duration). Completion time: from pushing the pack to the last result read back from
+the results stream. Cold starts: the agent's status.json (the managers' heartbeat count).
+- routing warm: the manager's warming-aware placement (an idle worker warm for the type;
+  else an idle worker of another type is restarted, LRU and types over their share first);
+- routing random: the manager binds each task to a slot drawn at random and it waits for
+  that slot; a slot whose worker is of another type is restarted as the task's type.
 
-This runs on the process-level harness (endpoint_agent.containers.harness.ContainerPool:
-this process plays the manager). Once the agent's manager uses the WarmPool and the
-runtimes (colleague A's integration), the same experiment can drive the agent instead:
-submit the batch through the interchange with per-task `container` set.
+--mode harness: the process-level harness (endpoint_agent.containers.harness.ContainerPool:
+this process plays the manager, endpoint_agent.containers.warm_pool decides), as before.
+
+Reported: completion time of the batch, cold starts, and the reduction of completion time
+(funcX reported up to 61%). Containers are real: every worker is `endpoint_agent.worker`
+inside a container started by the runtime (default podman: `podman run --rm --rootfs
+<skeleton> --network host`, the host's /usr and Python bound read-only; a cold start is
+container creation + interpreter start + imports until the worker's READY). The cold-start
+time of each real runtime (and of a plain process) is measured first (harness, one at a time).
 
 The last line printed with --json is one JSON object.
 """
@@ -39,7 +43,9 @@ import random
 import shutil
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from endpoint_agent.containers.config import ContainerConfig
 from endpoint_agent.containers.harness import ContainerPool
@@ -95,9 +101,77 @@ def run_once(rt, slots: int, routing: str, batch: list, seed: int) -> dict:
             "cold_start_p50_ms": round(1000 * st["cold_start_s"]["p50"], 1) if st["cold_start_s"]["p50"] else None}
 
 
+class AgentBench:
+    """A redis-server and the endpoint's queues; one fresh agent per run."""
+
+    def __init__(self, runtime: str, slots: int, types: int, seed: int, prefetch: int | None = None):
+        from infra.local.processes import start_redis
+        from tests.agent.conftest import Queues
+
+        self.tmp = tempfile.TemporaryDirectory(prefix="skyfn-warming-")
+        self.dir = Path(self.tmp.name)
+        self.redis = start_redis(self.dir / "redis", appendonly=False)
+        self.q = Queues(self.redis.url, "warming")
+        self.runtime, self.slots, self.types, self.seed, self.prefetch = runtime, slots, types, seed, prefetch
+        self.runs = 0
+
+    def close(self) -> None:
+        for qq in (self.q.tasks, self.q.results, self.q.control):
+            qq.close()
+        self.redis.stop()
+        self.tmp.cleanup()
+
+    def __enter__(self) -> "AgentBench":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def run(self, routing: str, types: list[str], dur: float) -> dict:
+        from skyfn.protocol.messages import TaskPack, TaskSpec
+        from skyfn.protocol.serialize import pack_args, serialize_function
+        from tests.agent.conftest import AgentProc
+
+        self.runs += 1
+        cfg = {"workers": self.slots, "endpoint_id": "ep", "task_queue": self.q.task_desc,
+               "results_queue": self.q.results_desc, "control_queue": self.q.control_desc,
+               "receive_wait": 0.5, "log_level": "INFO", "manager_heartbeat_period": 0.2,
+               "containers": {"runtime": self.runtime, "routing": routing, "routing_seed": self.seed,
+                              "idle_timeout": 600,
+                              "types": {f"fn{i}": {"image": "host"} for i in range(self.types)}}}
+        if self.prefetch is not None:
+            cfg["manager_prefetch"] = self.prefetch
+        agent = AgentProc(self.dir / f"home{self.runs}", "bench", cfg)
+        agent.start(wait_workers=self.slots)
+        try:
+            prefix = f"r{self.runs}-"
+            specs = [TaskSpec(task_id=f"{prefix}{i}", function_id="work", payload=pack_args((dur,), {}),
+                              container=t) for i, t in enumerate(types)]
+            pack = TaskPack(pack_id=f"{prefix}pack", endpoint_id="ep", functions={"work": serialize_function(work)},
+                            tasks=specs)
+            ids = [sp.task_id for sp in specs]
+            t0 = time.monotonic()
+            self.q.send([pack.model_dump_json().encode()], [ids])
+            res = self.q.collect(ids, timeout=1800)
+            elapsed = time.monotonic() - t0
+            bad = [r[-1] for r in res.values() if r[-1]["state"] != "SUCCEEDED"]
+            if bad:
+                raise RuntimeError(f"{len(bad)} task(s) failed, e.g. {json.dumps(bad[0])[:600]}")
+            done = time.time()   # status.json is rewritten every 2 s; the managers heartbeat every 0.2 s
+            st = agent.wait_status(lambda s: s.get("updated", 0) > done + 0.5, timeout=30)
+        finally:
+            rc = agent.terminate(60)
+        if rc != 0:
+            raise RuntimeError(f"agent exited {rc}: {agent.tail()}")
+        return {"completion_s": round(elapsed, 3), "cold_starts": st["cold_starts"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="benchmarks.warming")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--mode", default="agent", choices=["agent", "harness"],
+                    help="agent: the real endpoint agent (default); harness: this process as the manager")
+    ap.add_argument("--prefetch", type=int, default=None, help="agent mode: manager_prefetch (default 2 * slots)")
     ap.add_argument("--runtime", default="podman", choices=["podman", "bubblewrap", "none"])
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--types", type=int, default=10)
@@ -110,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     durations = [float(x) for x in args.durations.split(",") if x]
 
     cold = {}
-    for name, exe in (("none", None), ("bubblewrap", "bwrap"), ("podman", "podman")):
+    for name, exe in (() if args.cold_samples <= 0 else  (("none", None), ("bubblewrap", "bwrap"), ("podman", "podman"))):
         if exe and shutil.which(exe) is None:
             cold[name] = {"runtime": name, "error": f"{exe} not installed"}
             continue
@@ -125,23 +199,34 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"error": "; ".join(problems), "runtime": args.runtime}))
         return 1
     rows = []
-    print(f"\nruntime {args.runtime}, {args.slots} worker slots, {args.types} container types (one per function)")
+    bench = AgentBench(args.runtime, args.slots, args.types, args.seed, args.prefetch) if args.mode == "agent" else None
+    print(f"\n{args.mode}: runtime {args.runtime}, {args.slots} worker slots, {args.types} container types "
+          f"(one per function)")
     print(f"{'tasks':>6} {'dur s':>6} | {'warm s':>8} {'cold':>5} | {'random s':>9} {'cold':>5} | {'reduction':>9}")
-    for dur in durations:
-        for n in batches:
-            rng = random.Random(args.seed * 1000003 + n)
-            types = [f"fn{rng.randrange(args.types)}" for _ in range(n)]
-            batch = [(t, work, (dur,)) for t in types]
-            w = run_once(rt, args.slots, "warm", batch, args.seed)
-            r = run_once(rt, args.slots, "random", batch, args.seed)
-            red = 100.0 * (1 - w["completion_s"] / r["completion_s"]) if r["completion_s"] else None
-            rows.append({"tasks": n, "duration_s": dur, "warm": w, "random": r,
-                         "reduction_pct": round(red, 1) if red is not None else None})
-            print(f"{n:>6} {dur:>6g} | {w['completion_s']:>8.2f} {w['cold_starts']:>5} | "
-                  f"{r['completion_s']:>9.2f} {r['cold_starts']:>5} | {red:>8.1f}%", flush=True)
+    t_start = time.monotonic()
+    try:
+        for dur in durations:
+            for n in batches:
+                rng = random.Random(args.seed * 1000003 + n)
+                types = [f"fn{rng.randrange(args.types)}" for _ in range(n)]
+                if bench is not None:
+                    w = bench.run("warm", types, dur)
+                    r = bench.run("random", types, dur)
+                else:
+                    batch = [(t, work, (dur,)) for t in types]
+                    w = run_once(rt, args.slots, "warm", batch, args.seed)
+                    r = run_once(rt, args.slots, "random", batch, args.seed)
+                red = 100.0 * (1 - w["completion_s"] / r["completion_s"]) if r["completion_s"] else None
+                rows.append({"tasks": n, "duration_s": dur, "warm": w, "random": r,
+                             "reduction_pct": round(red, 1) if red is not None else None})
+                print(f"{n:>6} {dur:>6g} | {w['completion_s']:>8.2f} {w['cold_starts']:>5} | "
+                      f"{r['completion_s']:>9.2f} {r['cold_starts']:>5} | {red:>8.1f}%", flush=True)
+    finally:
+        if bench is not None:
+            bench.close()
     reds = [row["reduction_pct"] for row in rows if row["reduction_pct"] is not None]
     summary = {
-        "benchmark": "warming", "runtime": args.runtime, "slots": args.slots, "types": args.types,
+        "benchmark": "warming", "mode": args.mode, "runtime": args.runtime, "slots": args.slots, "types": args.types,
         "batches": batches, "durations_s": durations, "seed": args.seed,
         "cold_start": cold, "results": rows,
         "max_reduction_pct": max(reds) if reds else None,
@@ -150,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "warm_cold_starts_total": sum(row["warm"]["cold_starts"] for row in rows),
         "random_cold_starts_total": sum(row["random"]["cold_starts"] for row in rows),
         "funcx_reported_max_reduction_pct": 61,
+        "grid_wall_s": round(time.monotonic() - t_start, 1),
     }
     print(f"\ncompletion time reduction, warming-aware vs random: max {summary['max_reduction_pct']}%, "
           f"mean {summary['mean_reduction_pct']}%, min {summary['min_reduction_pct']}% (funcX: up to 61%)")
