@@ -462,9 +462,10 @@ class Interchange:
             wait = min(wait, max(0.0005, self.first_buffered + self.flush_interval - time.monotonic()))
         events = dict(self.poller.poll(wait * 1000))
         if self.wake in events:
-            try:
-                while True:
-                    self.wake.recv(zmq.NOBLOCK)
+            wake = self.wake
+            try:  # ZMQ_EVENTS, not recv until Again: a raised Again costs more than the check
+                while wake.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    wake.recv(zmq.NOBLOCK)
             except zmq.Again:
                 pass
         if self.handoff:
@@ -597,8 +598,11 @@ class Interchange:
         router = self.router
         managers = self.managers
         mono = time.monotonic()
+        EVENTS, POLLIN = zmq.EVENTS, zmq.POLLIN
         for _ in range(10_000):
-            try:
+            try:  # ZMQ_EVENTS first: cheaper than a recv that raises Again (the lone-task path)
+                if not router.getsockopt(EVENTS) & POLLIN:
+                    return
                 identity, op, body = router.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return

@@ -351,8 +351,11 @@ class Manager:
 
     def drain_workers(self) -> None:
         sock = self.wsock
+        EVENTS, POLLIN = zmq.EVENTS, zmq.POLLIN
         while True:
-            try:
+            try:  # ZMQ_EVENTS first: cheaper than a recv that raises Again
+                if not sock.getsockopt(EVENTS) & POLLIN:
+                    return
                 identity, op, body = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
@@ -459,8 +462,10 @@ class Manager:
                 self._convert(ctype, ready)
 
     def _convert(self, ctype: str, ready: list[WorkerProc]) -> None:
-        """No idle worker of this type: maybe cold-start one in place of an idle other-type worker."""
-        idle = [w for w in ready if not w.inflight and w.ctype != ctype]
+        """No idle worker of this type: maybe cold-start one in place of an idle other-type worker.
+        Not one whose own type has queued tasks: dispatch feeds it later in the same pass."""
+        backlog = self.backlog
+        idle = [w for w in ready if not w.inflight and w.ctype != ctype and not backlog.get(w.ctype)]
         if not idle:
             return
         counts = collections.Counter(self.slot_type)
@@ -473,6 +478,7 @@ class Manager:
         self.kill_worker(w, "evict", -1, "evicted")
         self.respawn_at[w.slot] = 0.0
         w.ready = False
+        ready.remove(w)  # dispatch's list: nothing more is sent to it in this pass
 
     def _dispatch_random(self, ready: list[WorkerProc]) -> None:
         """containers.routing: random (funcX's baseline): each task is bound to a slot drawn
@@ -555,8 +561,11 @@ class Manager:
     # --- interchange -------------------------------------------------------
     def drain_interchange(self) -> None:
         sock = self.ix
+        EVENTS, POLLIN = zmq.EVENTS, zmq.POLLIN
         while True:
-            try:
+            try:  # ZMQ_EVENTS first: cheaper than a recv that raises Again
+                if not sock.getsockopt(EVENTS) & POLLIN:
+                    return
                 op, body = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
