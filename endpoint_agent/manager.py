@@ -468,6 +468,10 @@ class Manager:
         idle = [w for w in ready if not w.inflight and w.ctype != ctype and not backlog.get(w.ctype)]
         if not idle:
             return
+        workers = self.workers
+        starting = sum(1 for s, t in enumerate(self.slot_type) if t == ctype and (workers[s] is None or not workers[s].ready))
+        if starting >= (len(backlog.get(ctype, ())) or 1):
+            return  # workers of this type already starting will take its queued tasks
         counts = collections.Counter(self.slot_type)
         backlog = {t: len(d) for t, d in self.backlog.items()}
         w = self.pool.victim(ctype, idle, counts, backlog, self.n_workers)
