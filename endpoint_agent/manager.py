@@ -310,7 +310,8 @@ class Manager:
                 # the container itself, off the loop (the runtime's CLI may take a while)
                 import threading
 
-                threading.Thread(target=self.runtime.kill, args=(w.launch, w.proc), daemon=True).start()
+                threading.Thread(target=self.runtime.kill, args=(w.launch, w.proc), kwargs={"always": True},
+                                 daemon=True).start()  # the client was killed above; the container lives on
 
     def check_workers(self, now_wall: float) -> None:
         mono = time.monotonic()

@@ -184,10 +184,11 @@ class Runtime:
         """The command that force-stops the container of `launch` (None: kill the process)."""
         return None
 
-    def kill(self, launch: Launch, proc: subprocess.Popen, timeout: float = 10.0) -> None:
-        """Force-stop a worker: the container itself, not just the client process."""
+    def kill(self, launch: Launch, proc: subprocess.Popen, timeout: float = 10.0, always: bool = False) -> None:
+        """Force-stop a worker: the container itself, not just the client process. always:
+        even when the client has exited (it was killed first: the container outlives it)."""
         cmd = self.kill_argv(launch)
-        if cmd is not None and proc.poll() is None:
+        if cmd is not None and (always or proc.poll() is None):
             try:
                 subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, timeout=timeout)
