@@ -203,6 +203,41 @@ class BatchProvider(Provider):
     def run(self, argv: list[str], *, check: bool = True, input: Optional[str] = None) -> subprocess.CompletedProcess:
         return run_command(argv, timeout=self.cmd_timeout, env=self.env, check=check, input=input)
 
+    # The scheduler's cancel command, and its stderr phrases meaning "that job already ended".
+    cancel_command: str = ""
+    already_done: tuple[str, ...] = ()
+
+    def mentions(self, job_id: str, line: str) -> bool:
+        """Whether a (lower-cased) line of the cancel command's stderr is about job_id."""
+        return job_id.lower() in line
+
+    def cancel(self, job_ids: Iterable[str]) -> dict[str, bool]:
+        """Cancel jobs; a job that had already ended counts as cancelled. A failure that is
+        about no job in particular (controller down...) raises ProviderError."""
+        ids = [str(j) for j in job_ids]
+        if not ids:
+            return {}
+        argv = [self.cancel_command, *ids]
+        p = self.run(argv, check=False)
+        self.cancelled.update(ids)
+        if p.returncode == 0:
+            return {j: True for j in ids}
+        err_lines = p.stderr.lower().splitlines()
+        result: dict[str, bool] = {}
+        mentioned = False
+        for j in ids:
+            lines = [ln for ln in err_lines if self.mentions(j, ln)]
+            mentioned = mentioned or bool(lines)
+            result[j] = all(any(a in ln for a in self.already_done) for ln in lines)
+        if not mentioned:
+            self.cancelled.difference_update(ids)
+            raise ProviderError(command_failed(argv, p.returncode, p.stderr, p.stdout), command=argv,
+                                returncode=p.returncode, stderr=p.stderr, stdout=p.stdout)
+        for j, ok in result.items():
+            if not ok:
+                self.cancelled.discard(j)
+        return result
+
     def _gone(self, job_id: str) -> JobState:
         """A job the scheduler no longer knows: we cancelled it, or it ended (Parsl makes the
         same assumption when a job leaves squeue/qstat); never seen at all: UNKNOWN."""

@@ -185,27 +185,8 @@ class PBSProvider(BatchProvider):
                                 returncode=p.returncode, stderr=p.stderr, stdout=p.stdout)
         return parse_qstat_plain(p.stdout)
 
-    def cancel(self, job_ids: Iterable[str]) -> dict[str, bool]:
-        ids = [str(j) for j in job_ids]
-        if not ids:
-            return {}
-        argv = ["qdel", *ids]
-        p = self.run(argv, check=False)
-        self.cancelled.update(ids)
-        if p.returncode == 0:
-            return {j: True for j in ids}
-        err_lines = p.stderr.lower().splitlines()
-        result: dict[str, bool] = {}
-        mentioned = False
-        for j in ids:
-            lines = [ln for ln in err_lines if j.lower() in ln or j.split(".")[0] in ln.split()]
-            mentioned = mentioned or bool(lines)
-            result[j] = all(any(a in ln for a in _QDEL_DONE) for ln in lines)
-        if not mentioned:
-            self.cancelled.difference_update(ids)
-            raise ProviderError(command_failed(argv, p.returncode, p.stderr, p.stdout), command=argv,
-                                returncode=p.returncode, stderr=p.stderr, stdout=p.stdout)
-        for j, ok in result.items():
-            if not ok:
-                self.cancelled.discard(j)
-        return result
+    cancel_command = "qdel"
+    already_done = _QDEL_DONE
+
+    def mentions(self, job_id: str, line: str) -> bool:
+        return job_id.lower() in line or job_id.split(".")[0] in line.split()

@@ -156,28 +156,8 @@ class SlurmProvider(BatchProvider):
                                 returncode=p.returncode, stderr=p.stderr, stdout=p.stdout)
         return parse_scontrol_state(p.stdout)
 
-    def cancel(self, job_ids: Iterable[str]) -> dict[str, bool]:
-        ids = [str(j) for j in job_ids]
-        if not ids:
-            return {}
-        argv = ["scancel", *ids]
-        p = self.run(argv, check=False)
-        self.cancelled.update(ids)
-        if p.returncode == 0:
-            return {j: True for j in ids}
-        # scancel reports per job; a job that already ended counts as cancelled
-        err_lines = p.stderr.lower().splitlines()
-        result: dict[str, bool] = {}
-        mentioned = False
-        for j in ids:
-            lines = [ln for ln in err_lines if re.search(rf"\b{re.escape(j)}\b", ln)]
-            mentioned = mentioned or bool(lines)
-            result[j] = all(any(a in ln for a in _ALREADY_DONE) for ln in lines)
-        if not mentioned:  # not about any job: the command itself failed (controller down, ...)
-            self.cancelled.difference_update(ids)
-            raise ProviderError(command_failed(argv, p.returncode, p.stderr, p.stdout), command=argv,
-                                returncode=p.returncode, stderr=p.stderr, stdout=p.stdout)
-        for j, ok in result.items():
-            if not ok:
-                self.cancelled.discard(j)
-        return result
+    cancel_command = "scancel"
+    already_done = _ALREADY_DONE
+
+    def mentions(self, job_id: str, line: str) -> bool:
+        return re.search(rf"\b{re.escape(job_id.lower())}\b", line) is not None
