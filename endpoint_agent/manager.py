@@ -57,6 +57,7 @@ CHUNK_TARGET_S = 0.005      # a chunk should hold about this much work
 RUNNING_AFTER_S = 0.5       # report RUNNING for tasks running longer than this
 CHECK_PERIOD_S = 0.1        # worker liveness, RUNNING reports, walltimes
 HEARTBEAT_S = 2.0
+SEND_TIMEOUT_S = 30.0       # a send to the interchange blocked this long ends the manager
 RESPAWN_BACKOFF_MAX_S = 5.0
 NONE = wire.NO_CONTAINER
 
@@ -157,6 +158,9 @@ class Manager:
         self.ix = self.ctx.socket(zmq.DEALER)
         self.ix.setsockopt(zmq.IDENTITY, identity.encode())
         self.ix.setsockopt(zmq.LINGER, 2000)
+        # A send that cannot go anywhere (the interchange never accepted us: wrong server
+        # key, plaintext against Curve) must end the manager with a reason, not hang it.
+        self.ix.setsockopt(zmq.SNDTIMEO, int(SEND_TIMEOUT_S * 1000))
         if server_key:
             pub, sec = zmq.curve_keypair()
             self.ix.curve_secretkey = sec
@@ -815,7 +819,13 @@ def main(argv: list[str] | None = None) -> int:
                       containers=containers, max_output=args.max_output)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: setattr(manager, "stopping", True))
-    return manager.run()
+    try:
+        return manager.run()
+    except zmq.Again:
+        logging.getLogger("skyfn.manager").error(
+            "cannot send to the interchange at %s for %.0f s: it did not accept this manager "
+            "(check --server-key / SKYFN_SERVER_KEY and the address); exiting", args.interchange, SEND_TIMEOUT_S)
+        return 3
 
 
 if __name__ == "__main__":

@@ -105,6 +105,8 @@ def _fake_manager(ctx, ix, identity, server_key=None, **reg):
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.IDENTITY, identity.encode())
     s.setsockopt(zmq.LINGER, 0)
+    # a plaintext client of a Curve server may never get a connection: never block on it
+    s.setsockopt(zmq.SNDTIMEO, 2000)
     if server_key:
         pub, sec = zmq.curve_keypair()
         s.curve_secretkey, s.curve_publickey, s.curve_serverkey = sec, pub, server_key.encode()
@@ -112,7 +114,11 @@ def _fake_manager(ctx, ix, identity, server_key=None, **reg):
     info = {"pid": 1, "hostname": identity, "block": "b", "workers": 2, "capacity": 4, "cores": 2,
             "accelerators": [], "warm": {}, "containers": {}, "cold_starts": 0}
     info.update(reg)
-    s.send_multipart([wire.REG, wire.dumps(info)])
+    try:
+        s.send_multipart([wire.REG, wire.dumps(info)])
+    except zmq.Again:
+        if server_key:  # an encrypted client must get through
+            raise
     return s
 
 
@@ -301,3 +307,33 @@ def test_container_tasks_run_in_warm_bubblewrap_workers(queues, agent_factory):
     assert all(r["state"] == "SUCCEEDED" for r in _one(queues.collect(c, timeout=40)).values())
     st = agent.wait_status(lambda s: True)
     assert st["cold_starts"] - before <= 1, st
+
+
+def test_manager_with_a_wrong_server_key_exits_with_a_reason(tmp_path, monkeypatch):
+    """A manager the interchange never accepts must end with a reason, not hang."""
+    import subprocess
+    import sys
+
+    import endpoint_agent.manager as manager_mod
+
+    ix = _ix(tmp_path, interchange_address="0.0.0.0")
+    try:
+        wrong_pub, _ = zmq.curve_keypair()
+        env = dict(__import__("os").environ)
+        code = ("import endpoint_agent.manager as m, sys; m.SEND_TIMEOUT_S = 1.0; "
+                "sys.exit(m.main(sys.argv[1:]))")
+        proc = subprocess.Popen([sys.executable, "-c", code, "--interchange", ix.address, "--block", "b",
+                                 "--workers", "1", "--server-key", wrong_pub.decode(), "--heartbeat", "0.2"],
+                                stderr=subprocess.PIPE, text=True, env=env)
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            ix.step(0.05)
+        assert proc.returncode is not None, "the manager hung"
+        err = proc.stderr.read()
+        assert not ix.snapshot()["managers"]
+        assert manager_mod.SEND_TIMEOUT_S == 30.0
+        assert "interchange" in err, err[-800:]  # it says why it gave up
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        ix.close()
