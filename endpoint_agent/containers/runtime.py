@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from abc import ABC, abstractmethod
 import signal
 import subprocess
 import sys
@@ -128,7 +129,7 @@ def _ipc_dirs(argv: list[str]) -> list[str]:
     return dirs
 
 
-class Runtime:
+class Runtime(ABC):
     """A container runtime: `wrap()` turns a worker argv into a Launch."""
 
     name = "none"
@@ -211,8 +212,9 @@ class Runtime:
         return []
 
     # --- per runtime ---------------------------------------------------------------
-    def _wrap(self, ctype, t, argv, pass_fds, name, env) -> Launch:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def _wrap(self, ctype, t, argv, pass_fds, name, env) -> Launch:
+        """The runtime's own command line around the worker's argv."""
 
     def _host_binds(self, t: ContainerType, argv: list[str]) -> list[tuple[str, str, bool]]:
         binds: list[tuple[str, str, bool]] = []
@@ -430,7 +432,12 @@ class BubblewrapRuntime(Runtime):
 
 
 class NoneRuntime(Runtime):
+    """Plain worker processes; `wrap` runs every type as one, so this is the same launch."""
+
     name = "none"
+
+    def _wrap(self, ctype, t, argv, pass_fds, name, env) -> Launch:
+        return Launch(list(argv), env, tuple(pass_fds), name, "none", ctype, {fd: fd for fd in pass_fds})
 
 
 def _hostname(ctype: str) -> str:
