@@ -457,6 +457,18 @@ while True:
 """
 
 
+def _reap(procs, router, ctx) -> None:
+    """Wait for the raw-zmq peer processes (kill the stragglers), close the socket."""
+    for p in procs:
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    router.close(0)
+    ctx.term()
+
+
 def relay_rtt(rtt_n: int) -> list[float]:
     """Round trips through one Python relay process (ROUTER here -> relay -> 1 worker): the
     floor of a design with a manager process between the interchange and the workers."""
@@ -484,14 +496,7 @@ def relay_rtt(rtt_n: int) -> list[float]:
         router.send_multipart([relay, b"STOP"])
         return rtts[200:]
     finally:
-        for p in procs:
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        router.close(0)
-        ctx.term()
+        _reap(procs, router, ctx)
 
 
 def bench_zmq(n: int, rtt_n: int, workers: int, window: int = 64) -> dict:
@@ -541,14 +546,7 @@ def bench_zmq(n: int, rtt_n: int, workers: int, window: int = 64) -> dict:
         for p in peers:
             router.send_multipart([p, b"STOP"])
     finally:
-        for p in procs:
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        router.close(0)
-        ctx.term()
+        _reap(procs, router, ctx)
     relay = relay_rtt(rtt_n)
     return summary(n, batch_s, rtts, startup, window_per_worker=window,
                    relay_rtt_p50_ms=round(statistics.median(relay), 3), relay_rtt_p99_ms=round(percentile(relay, 0.99), 3))

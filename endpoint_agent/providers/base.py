@@ -178,7 +178,7 @@ class BatchProvider(Provider):
 
     @abstractmethod
     def directives(self, nodes: int, walltime: float, job_name: str, out_base: Path) -> list[str]:
-        """The scheduler's `#XXX` lines of the script (without scheduler_options)."""
+        """The scheduler's directive lines of the script (`#SBATCH ...`, `#PBS ...`), without scheduler_options."""
 
     def render_script(self, command: str, nodes: int, walltime: float, job_name: str, out_base: Path) -> str:
         lines = ["#!/bin/bash"]
