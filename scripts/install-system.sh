@@ -19,3 +19,16 @@ fi
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet redis-server 2>/dev/null; then
   echo "note: the system redis-server service is running; skyfn does not use it"
 fi
+# issue 4: comm — NAT tests and benchmarks: network namespaces with source NAT (iproute2,
+# iptables, conntrack), the iperf3 baseline and a C compiler for the socket ping-pong baseline.
+comm_need=()
+command -v ip >/dev/null 2>&1 || comm_need+=(iproute2)
+command -v iptables >/dev/null 2>&1 || comm_need+=(iptables)
+command -v conntrack >/dev/null 2>&1 || comm_need+=(conntrack)
+command -v iperf3 >/dev/null 2>&1 || comm_need+=(iperf3)
+command -v cc >/dev/null 2>&1 || comm_need+=(gcc libc6-dev)
+if [ ${#comm_need[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${comm_need[@]}" >/dev/null
+fi
