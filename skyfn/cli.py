@@ -4,6 +4,7 @@
     skyfn local status                     processes, service health, endpoints
     skyfn local down                       stop everything (task data in Redis is kept)
     skyfn local token --user NAME          mint a token for another local user
+    skyfn rendezvous --host H --port P --secret S   run the communicator's rendezvous server
 
 Implementations are imported inside the commands, so `import skyfn` (the SDK) never
 imports infra/, lambdas/ or moto. Errors are printed as one line; exit code 1.
@@ -115,6 +116,28 @@ def local_token(user: str = typer.Option(..., "--user", help="user name the toke
 
         return runtime.mint_token(StateDir.at(home), user, int(days * 86400))
     typer.echo(_run(action))
+
+
+# --- rendezvous (comm, issue 4) ---
+@app.command("rendezvous")
+def rendezvous_serve(
+    host: str = typer.Option("0.0.0.0", "--host", help="address to listen on"),
+    port: int = typer.Option(7300, "--port", min=0, max=65535, help="TCP port (0 = any free port)"),
+    secret: Optional[str] = typer.Option(None, "--secret", envvar="SKYFN_RENDEZVOUS_SECRET",
+                                         show_envvar=True, help="token signing secret"),
+    join_timeout: float = typer.Option(60.0, "--join-timeout", min=0.001,
+                                       help="seconds a group may wait for its peers"),
+    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error"),
+    port_file: Optional[str] = typer.Option(None, "--port-file", help="write the bound port here once listening"),
+) -> None:
+    """Run the rendezvous server of the communicator (ranks, peer addresses, barriers, relays)."""
+    def action():
+        from rendezvous.cli import run_server
+
+        if log_level not in ("debug", "info", "warning", "error"):
+            raise ValueError(f"--log-level {log_level!r}: use debug, info, warning or error")
+        run_server(host, port, secret, join_timeout=join_timeout, log_level=log_level, port_file=port_file)
+    _run(action)
 
 
 def main() -> None:

@@ -1,0 +1,6 @@
+"""`python -m rendezvous`: run the rendezvous server (see rendezvous/cli.py)."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

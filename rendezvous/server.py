@@ -1,0 +1,417 @@
+"""The rendezvous server core: groups, atomic rank assignment, PEERS, barriers, relay splicing.
+
+One asyncio Protocol instance per TCP connection (no streams: a pairing is a handful of
+short lines, and per-connection overhead is what limits pairings per second). Everything
+runs on one event loop, so rank assignment is atomic by construction. docs/comm.md is the
+wire contract; a protocol error closes only the connection that made it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Dict, List, Optional, Tuple, Union
+
+from . import protocol as P
+from .tokens import TokenError, verify_token
+
+log = logging.getLogger("rendezvous")
+
+# Bytes a relay half may send before its partner arrives (it should send none).
+_RELAY_EARLY_LIMIT = 64 * 1024
+# Write buffer limits of spliced relay connections: big enough for full-speed streaming,
+# small enough that a slow reader holds back its writer instead of filling our memory.
+_SPLICE_HIGH = 4 * 1024 * 1024
+_SPLICE_LOW = 1024 * 1024
+
+
+class Limits:
+    """Bounds that let one server survive floods (every one answers ERROR busy when hit)."""
+
+    def __init__(self, max_connections: int = 16000, max_groups: int = 8000, join_timeout_s: float = 60.0,
+                 first_line_timeout_s: float = 10.0):
+        self.max_connections = max_connections
+        self.max_groups = max_groups
+        self.join_timeout_s = join_timeout_s
+        self.first_line_timeout_s = first_line_timeout_s
+
+
+class Group:
+    """One group: who joined at which rank, and (after completion) the barrier epochs."""
+
+    __slots__ = ("gid", "size", "members", "low", "complete", "timer", "barriers", "open", "lost")
+
+    def __init__(self, gid: str, size: int):
+        self.gid = gid
+        self.size = size
+        self.members: Dict[int, "Connection"] = {}
+        self.low = 0                  # every rank below `low` is taken
+        self.complete = False
+        self.timer: Optional[asyncio.TimerHandle] = None
+        self.barriers: Dict[int, set] = {}
+        self.open = 0                 # control connections still open after completion
+        self.lost: Optional[int] = None   # a rank that left after completion
+
+    def take(self, rank: int) -> int:
+        if rank < 0:
+            while self.low in self.members:
+                self.low += 1
+            rank = self.low
+        return rank
+
+    def free(self, rank: int) -> None:
+        del self.members[rank]
+        if rank < self.low:
+            self.low = rank
+        for waiting in self.barriers.values():
+            waiting.discard(rank)
+
+
+class Connection(asyncio.Protocol):
+    """One peer connection: control (JOIN ...) or relay (RELAY ...), chosen by its first line."""
+
+    __slots__ = ("server", "transport", "address", "buf", "group", "rank", "relay_key", "partner",
+                 "timer", "closed", "paused", "eof")
+
+    def __init__(self, server: "RendezvousServer"):
+        self.server = server
+        self.transport: Optional[asyncio.Transport] = None
+        self.address: Tuple[str, int] = ("?", 0)
+        self.buf = b""
+        self.group: Optional[Group] = None
+        self.rank = -1
+        self.relay_key: Optional[Tuple[str, int, int]] = None
+        self.partner: Optional["Connection"] = None
+        self.timer: Optional[asyncio.TimerHandle] = None
+        self.closed = False
+        self.paused = False
+        self.eof = False
+
+    # ---- asyncio callbacks ----------------------------------------------------------
+
+    def connection_made(self, transport):
+        self.transport = transport
+        srv = self.server
+        srv.connections += 1
+        peer = transport.get_extra_info("peername")
+        if peer:
+            self.address = (peer[0], peer[1])
+        if srv.connections > srv.limits.max_connections:
+            self.fail(P.BUSY, f"server has {srv.limits.max_connections} connections; retry later")
+            return
+        self.timer = srv.loop.call_later(srv.limits.first_line_timeout_s, self._first_line_timeout)
+
+    def data_received(self, data: bytes):
+        if self.partner is not None:
+            self.partner.transport.write(data)
+            return
+        if self.closed:
+            return
+        if self.relay_key is not None:
+            # A relay half waiting for its partner: keep early bytes for the splice.
+            self.buf += data
+            if len(self.buf) > _RELAY_EARLY_LIMIT:
+                self.fail(P.MALFORMED, "relay data sent before RELAYED")
+            return
+        buf = self.buf + data if self.buf else data
+        self.buf = b""
+        start = 0
+        while True:
+            end = buf.find(b"\n", start)
+            if end < 0:
+                break
+            if end - start >= P.MAX_LINE:
+                self.fail(P.MALFORMED, f"line longer than {P.MAX_LINE} bytes")
+                return
+            self._line(buf[start:end])
+            start = end + 1
+            if self.closed:
+                return
+            if self.relay_key is not None:
+                # Whatever followed RELAY belongs to the spliced stream.
+                rest = buf[start:]
+                if rest:
+                    self.data_received(rest)
+                return
+        self.buf = buf[start:] if start < len(buf) else b""
+        if len(self.buf) >= P.MAX_LINE:
+            self.fail(P.MALFORMED, f"line longer than {P.MAX_LINE} bytes")
+
+    def eof_received(self):
+        partner = self.partner
+        if partner is None:
+            return False          # a control peer half-closed: close the connection
+        self.eof = True
+        if partner.eof:
+            self.transport.close()
+            partner.transport.close()
+            return True
+        if not partner.closed and partner.transport.can_write_eof():
+            partner.transport.write_eof()
+        return True               # keep writing the other direction
+
+    def connection_lost(self, exc):
+        self.closed = True
+        srv = self.server
+        srv.connections -= 1
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        partner = self.partner
+        if partner is not None:
+            if not partner.closed:
+                partner.transport.close()
+            return
+        if self.relay_key is not None:
+            if srv.relays.get(self.relay_key) is self:
+                del srv.relays[self.relay_key]
+            return
+        if self.group is not None:
+            srv.leave(self)
+
+    # relay backpressure: our transport's write buffer is full -> stop reading the partner
+    def pause_writing(self):
+        partner = self.partner
+        if partner is not None and not partner.closed and not partner.paused:
+            partner.paused = True
+            partner.transport.pause_reading()
+
+    def resume_writing(self):
+        partner = self.partner
+        if partner is not None and not partner.closed and partner.paused:
+            partner.paused = False
+            partner.transport.resume_reading()
+
+    # ---- helpers ----------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        if not self.closed:
+            self.transport.write(data)
+
+    def fail(self, code: str, reason: str) -> None:
+        """ERROR <code> <reason>, then close this connection only."""
+        if self.closed:
+            return
+        log.info("error %s to %s:%d: %s", code, self.address[0], self.address[1], reason)
+        self.transport.write(P.error(code, reason))
+        self.closed = True
+        self.transport.close()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _first_line_timeout(self):
+        self.timer = None
+        self.fail(P.TIMEOUT, f"no JOIN or RELAY line within {self.server.limits.first_line_timeout_s:g} s")
+
+    def _line(self, raw: bytes) -> None:
+        try:
+            msg = P.parse_peer_line(raw)
+        except P.ProtocolError as exc:
+            self.fail(exc.code, exc.reason)
+            return
+        kind = type(msg)
+        if self.group is None:
+            if kind is P.Join:
+                self.server.join(self, msg)
+            elif kind is P.Relay:
+                self.server.relay(self, msg)
+            else:
+                self.fail(P.MALFORMED, "the first line must be JOIN or RELAY")
+            return
+        if kind is P.Barrier:
+            self.server.barrier(self, msg.epoch)
+        elif kind is P.Result:
+            log.debug("group %s: rank %d reports %s to rank %d", self.group.gid, self.rank, msg.mode,
+                      msg.peer_rank)
+        elif kind is P.Bye:
+            self.transport.close()
+        else:
+            self.fail(P.MALFORMED, f"{kind.__name__.upper()} after JOIN")
+
+
+class RendezvousServer:
+    """State of one server; `start()` binds and listens on the running loop."""
+
+    def __init__(self, secret: Union[str, bytes], limits: Optional[Limits] = None):
+        if isinstance(secret, str):
+            secret = secret.encode()
+        if not secret:
+            raise ValueError("the rendezvous secret is empty: pass --secret or set SKYFN_RENDEZVOUS_SECRET")
+        self._secret = secret
+        self.limits = limits or Limits()
+        self.groups: Dict[str, Group] = {}
+        self.relays: Dict[Tuple[str, int, int], Connection] = {}
+        self.connections = 0
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+        self._server: Optional[asyncio.base_events.Server] = None
+        self.stats = {"joins": 0, "groups_completed": 0, "relays_spliced": 0, "errors": 0}
+
+    async def start(self, host: str, port: int, backlog: int = 4096) -> Tuple[str, int]:
+        self.loop = asyncio.get_running_loop()
+        self._server = await self.loop.create_server(lambda: Connection(self), host, port, backlog=backlog,
+                                                     reuse_address=True)
+        sockname = self._server.sockets[0].getsockname()
+        log.info("rendezvous listening on %s:%d", sockname[0], sockname[1])
+        return sockname[0], sockname[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        for group in list(self.groups.values()):
+            for conn in list(group.members.values()):
+                if not conn.closed:
+                    conn.transport.close()
+        for conn in list(self.relays.values()):
+            conn.transport.close()
+
+    # ---- JOIN -------------------------------------------------------------------------
+
+    def _admit(self, conn: Connection, group: str, token: str) -> bool:
+        try:
+            verify_token(self._secret, group, token)
+        except TokenError as exc:
+            self.stats["errors"] += 1
+            conn.fail(exc.code, exc.reason)
+            return False
+        if conn.timer is not None:
+            conn.timer.cancel()
+            conn.timer = None
+        return True
+
+    def join(self, conn: Connection, msg: P.Join) -> None:
+        if not self._admit(conn, msg.group, msg.token):
+            return
+        size, rank = msg.size, msg.rank
+        if rank >= size:
+            conn.fail(P.RANK_OUT_OF_RANGE, f"rank {rank} is not in [0, {size - 1}] (or -1 for any free rank)")
+            return
+        group = self.groups.get(msg.group)
+        if group is None:
+            if len(self.groups) >= self.limits.max_groups:
+                conn.fail(P.BUSY, f"server holds {self.limits.max_groups} groups; retry later")
+                return
+            group = self.groups[msg.group] = Group(msg.group, size)
+            group.timer = self.loop.call_later(self.limits.join_timeout_s, self._group_timeout, group)
+        elif group.size != size:
+            conn.fail(P.SIZE_MISMATCH, f"group {msg.group} has size {group.size}, this JOIN says {size}")
+            return
+        elif group.complete:
+            conn.fail(P.GROUP_FULL, f"group {msg.group} already has all {size} peers")
+            return
+        rank = group.take(rank)
+        if rank in group.members:
+            conn.fail(P.RANK_TAKEN, f"rank {rank} of group {msg.group} is taken; ask for -1 to get any "
+                                    "free rank")
+            return
+        group.members[rank] = conn
+        conn.group = group
+        conn.rank = rank
+        self.stats["joins"] += 1
+        log.info("join group %s rank %d/%d from %s:%d", group.gid, rank, size, conn.address[0],
+                 conn.address[1])
+        if len(group.members) < size:
+            conn.send(P.welcome(rank, size))
+            return
+        # Complete: everyone gets PEERS (the last joiner with its WELCOME in one write).
+        group.complete = True
+        group.open = size
+        group.timer.cancel()
+        group.timer = None
+        self.stats["groups_completed"] += 1
+        members = group.members
+        table = P.peers([members[r].address for r in range(size)])
+        for r in range(size):
+            member = members[r]
+            member.send(P.welcome(rank, size) + table if member is conn else table)
+
+    def _group_timeout(self, group: Group) -> None:
+        group.timer = None
+        if self.groups.get(group.gid) is group:
+            del self.groups[group.gid]
+        reason = (f"group {group.gid} got {len(group.members)} of {group.size} peers within "
+                  f"{self.limits.join_timeout_s:g} s")
+        for conn in list(group.members.values()):
+            conn.group = None     # nothing to free any more
+            conn.fail(P.TIMEOUT, reason)
+
+    def leave(self, conn: Connection) -> None:
+        """A control connection closed: free its rank, or wind the completed group down."""
+        group = conn.group
+        conn.group = None
+        if not group.complete:
+            group.free(conn.rank)
+            if not group.members:
+                if group.timer is not None:
+                    group.timer.cancel()
+                if self.groups.get(group.gid) is group:
+                    del self.groups[group.gid]
+            return
+        group.open -= 1
+        if group.open <= 0:
+            if self.groups.get(group.gid) is group:
+                del self.groups[group.gid]
+            return
+        if group.lost is None:
+            group.lost = conn.rank
+        # A barrier can no longer complete: tell whoever waits in one.
+        for epoch, waiting in group.barriers.items():
+            for r in waiting:
+                group.members[r].fail(P.PEER_LOST, f"rank {conn.rank} of group {group.gid} closed its "
+                                                   f"connection before barrier {epoch}")
+        group.barriers.clear()
+
+    # ---- BARRIER ----------------------------------------------------------------------
+
+    def barrier(self, conn: Connection, epoch: int) -> None:
+        group = conn.group
+        if group.lost is not None:
+            conn.fail(P.PEER_LOST, f"rank {group.lost} of group {group.gid} closed its connection; "
+                                   f"barrier {epoch} cannot complete")
+            return
+        waiting = group.barriers.setdefault(epoch, set())
+        waiting.add(conn.rank)
+        if len(waiting) == group.size:
+            del group.barriers[epoch]
+            line = P.barrier_ok(epoch)
+            for member in group.members.values():
+                member.send(line)
+
+    # ---- RELAY ------------------------------------------------------------------------
+
+    def relay(self, conn: Connection, msg: P.Relay) -> None:
+        if not self._admit(conn, msg.group, msg.token):
+            return
+        key = (msg.group, msg.my_rank, msg.peer_rank)
+        if key in self.relays:
+            conn.fail(P.RANK_TAKEN, f"a relay from rank {msg.my_rank} to rank {msg.peer_rank} of group "
+                                    f"{msg.group} is already waiting")
+            return
+        other = self.relays.pop((msg.group, msg.peer_rank, msg.my_rank), None)
+        if other is None:
+            conn.relay_key = key
+            self.relays[key] = conn
+            conn.timer = self.loop.call_later(self.limits.join_timeout_s, self._relay_timeout, conn)
+            return
+        conn.relay_key = key
+        if other.timer is not None:
+            other.timer.cancel()
+            other.timer = None
+        self.stats["relays_spliced"] += 1
+        log.info("relay group %s ranks %d<->%d spliced", msg.group, msg.my_rank, msg.peer_rank)
+        for a, b in ((conn, other), (other, conn)):
+            a.partner = b
+            a.transport.set_write_buffer_limits(high=_SPLICE_HIGH, low=_SPLICE_LOW)
+            a.transport.write(P.RELAYED)
+        for a, b in ((conn, other), (other, conn)):
+            if a.buf:
+                early, a.buf = a.buf, b""
+                b.transport.write(early)
+
+    def _relay_timeout(self, conn: Connection) -> None:
+        conn.timer = None
+        if self.relays.get(conn.relay_key) is conn:
+            del self.relays[conn.relay_key]
+        group, me, peer = conn.relay_key
+        conn.fail(P.TIMEOUT, f"rank {peer} of group {group} did not open its relay to rank {me} within "
+                             f"{self.limits.join_timeout_s:g} s")
