@@ -1,0 +1,142 @@
+"""Pairing throughput of a rendezvous server: how many 2-peer groups per second can join
+and both receive PEERS.
+
+    pairings_per_second(host, port, secret, seconds=3, processes=2, concurrency=64) -> float
+
+Load comes from `processes` child processes, each keeping `concurrency` pairings in
+flight on its own event loop with a minimal asyncio Protocol client (so the figure is the
+server's, not the client's). Also `python -m rendezvous.bench [--json]`, which starts its
+own server in a child process.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import time
+from typing import Optional
+
+from .runner import new_event_loop, raise_fd_limit, serve_in_process
+from .tokens import make_token
+
+# WELCOME, PEERS 2, PEER 0, PEER 1
+_LINES_PER_PAIRED_PEER = 4
+
+
+class _Peer(asyncio.Protocol):
+    """Sends its JOIN, counts lines until PEERS is complete, then closes."""
+
+    __slots__ = ("line", "done", "lines", "transport")
+
+    def __init__(self, line: bytes, done: asyncio.Future):
+        self.line, self.done, self.lines = line, done, 0
+
+    def connection_made(self, transport):
+        self.transport = transport
+        transport.write(self.line)
+
+    def data_received(self, data):
+        if data.startswith(b"ERROR") and not self.done.done():
+            self.done.set_exception(RuntimeError(data.decode(errors="replace").strip()))
+            return
+        self.lines += data.count(b"\n")
+        if self.lines >= _LINES_PER_PAIRED_PEER:
+            self.transport.close()
+            if not self.done.done():
+                self.done.set_result(None)
+
+    def connection_lost(self, exc):
+        if not self.done.done():
+            self.done.set_exception(ConnectionError("server closed the connection before PEERS"))
+
+
+async def _pair(loop, host: str, port: int, secret: bytes, group: str) -> None:
+    line = f"JOIN {group} {make_token(secret, group)} 2 -1\n".encode()
+    a, b = loop.create_future(), loop.create_future()
+    await asyncio.gather(loop.create_connection(lambda: _Peer(line, a), host, port),
+                         loop.create_connection(lambda: _Peer(line, b), host, port))
+    await a
+    await b
+
+
+async def _drive(host, port, secret, seconds, concurrency, start_at, tag) -> int:
+    loop = asyncio.get_running_loop()
+    count = 0
+    errors = 0
+    stop_at = start_at + seconds
+    await asyncio.sleep(max(0.0, start_at - time.time()))
+
+    async def worker(w: int):
+        nonlocal count, errors
+        n = 0
+        while time.time() < stop_at:
+            n += 1
+            try:
+                await _pair(loop, host, port, secret, f"bench-{tag}-{w}-{n}")
+            except (OSError, RuntimeError, ConnectionError):
+                errors += 1
+                await asyncio.sleep(0.01)
+                continue
+            if time.time() <= stop_at:
+                count += 1
+
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    if errors and not count:
+        raise RuntimeError(f"every pairing failed ({errors} errors)")
+    return count
+
+
+def _child(host, port, secret, seconds, concurrency, start_at, tag, out):
+    raise_fd_limit()
+    loop = new_event_loop()
+    try:
+        out.put(loop.run_until_complete(_drive(host, port, secret, seconds, concurrency, start_at, tag)))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        out.put(f"{type(exc).__name__}: {exc}")
+    finally:
+        loop.close()
+
+
+def pairings_per_second(host: str, port: int, secret: str, seconds: float = 3.0,
+                        processes: Optional[int] = None, concurrency: int = 64) -> float:
+    """Completed pairings per second against the server at host:port (which must use `secret`)."""
+    processes = processes or max(1, min(2, os.cpu_count() or 1))
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    start_at = time.time() + 1.0 + 0.3 * processes   # let every child start before the clock runs
+    tag = f"{os.getpid()}-{int(time.time() * 1000) % 100000}"
+    procs = [ctx.Process(target=_child, args=(host, port, secret.encode(), seconds, concurrency, start_at,
+                                              f"{tag}-{i}", out), daemon=True) for i in range(processes)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=seconds + 60) for _ in procs]
+    for p in procs:
+        p.join(10)
+    failures = [r for r in results if isinstance(r, str)]
+    if failures:
+        raise RuntimeError(f"pairing benchmark failed: {failures[0]}")
+    return sum(results) / seconds
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rendezvous.bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--processes", type=int, default=None)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--loop", default="auto", choices=("auto", "uvloop", "asyncio"), help="server event loop")
+    ap.add_argument("--log-level", default="warning", help="server log level")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    secret = os.urandom(16).hex()
+    with serve_in_process("127.0.0.1", 0, secret, log_level=args.log_level, loop=args.loop) as srv:
+        rate = pairings_per_second("127.0.0.1", srv.port, secret, args.seconds, args.processes, args.concurrency)
+    result = {"pairings_per_s": round(rate, 1), "seconds": args.seconds, "server_loop": args.loop,
+              "server_log_level": args.log_level}
+    print(json.dumps(result) if args.json else f"{rate:.0f} pairings/s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
