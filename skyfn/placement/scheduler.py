@@ -1,0 +1,296 @@
+"""The aAPP scheduler: pick a worker for one invocation of a tagged function.
+
+Walk the tag's blocks top to bottom; in each block keep the workers that are valid
+(online; under the block's invalidate thresholds; running every `tag` and no `!tag` of
+its affinity) and let the block's strategy choose among them. The first block with a
+valid worker wins. When none has one, the tag's followup applies: `default` walks the
+policy's `default` tag (or the built-in "any online worker"), `fail` fails the decision
+with a reason naming each rejected worker.
+
+    any               uniform random choice
+    best_first        first valid worker in the block's order (`*`: the state's order)
+    warm_first        a worker with an idle warm container of the task's type, most free
+                      slots first; without one, the one with the most free slots (funcX)
+    shortest_backlog  fewest queued + running tasks per slot (Balsam's multi-site rule)
+    round_robin       the next valid worker after the previous choice of this block
+
+Decisions run under the state's lock. `place()` decides and records the start in the same
+critical section, so concurrent placements cannot both take a worker's last allowed slot.
+The hot path builds no strings: reasons are formatted only when explaining or failing.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from skyfn.placement.model import Block, Policy, TagPolicy
+from skyfn.placement.state import LiveState, WorkerState
+
+OFFLINE, FULL, CAPACITY, CONCURRENCY, MISSING, FORBIDDEN, UNKNOWN = range(1, 8)
+# Rejections a later decision may not repeat: load and co-location change as tasks run.
+TRANSIENT = frozenset({FULL, CAPACITY, CONCURRENCY, MISSING, FORBIDDEN})
+
+
+@dataclass(slots=True)
+class BlockTrace:
+    """How one block was evaluated (explain mode)."""
+
+    policy_tag: str
+    number: int                  # 1-based within its tag
+    line: Optional[int]
+    description: str
+    valid: list[str] = field(default_factory=list)
+    rejected: list[tuple[str, str]] = field(default_factory=list)  # (worker, reason)
+    chosen: Optional[str] = None
+    codes: set[int] = field(default_factory=set)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tag": self.policy_tag, "block": self.number, "line": self.line, "block_description": self.description,
+                "valid": self.valid, "rejected": [{"worker": w, "reason": r} for w, r in self.rejected],
+                "chosen": self.chosen}
+
+
+@dataclass(slots=True)
+class Decision:
+    worker: Optional[str]        # None: the task cannot be placed (see reason)
+    tag: Optional[str]           # the function's tag as asked
+    policy_tag: Optional[str]    # the tag whose blocks decided ("default", "(built-in default)", ...)
+    block: Optional[int] = None  # 1-based block number inside policy_tag
+    line: Optional[int] = None   # that block's line in the policy file
+    via: str = "tag"             # "tag" | "default" (tag not in policy) | "followup" (followup: default)
+    reason: str = ""
+    transient: bool = False      # failed only because of load or co-location: a retry may succeed
+    trace: list[BlockTrace] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.worker is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"worker": self.worker, "tag": self.tag, "policy_tag": self.policy_tag, "block": self.block,
+                "line": self.line, "via": self.via, "reason": self.reason, "transient": self.transient,
+                "trace": [t.as_dict() for t in self.trace]}
+
+    def explain(self) -> str:
+        """Human-readable account: each block tried, each worker rejected and why, the choice."""
+        head = (f"tag {self.tag!r}" if self.tag is not None else "untagged function")
+        if self.ok:
+            out = [f"{head} -> worker {self.worker!r} ({self.policy_tag!r} block {self.block}, line {self.line})"]
+        else:
+            out = [f"{head} -> no worker: {self.reason}"]
+        for t in self.trace:
+            out.append(f"  {t.policy_tag!r} block {t.number} (line {t.line}): {t.description}")
+            for w, r in t.rejected:
+                out.append(f"    {w}: rejected, {r}")
+            for w in t.valid:
+                out.append(f"    {w}: valid" + ("  <- chosen" if w == t.chosen else ""))
+            if not t.valid and not t.rejected:
+                out.append("    (no workers)")
+        return "\n".join(out)
+
+
+class Scheduler:
+    """Decisions for one policy over one live state.
+
+    respect_capacity: also reject workers whose slots are all busy, whatever the block says
+    (the agent's interchange, which must not push work to a full manager). The service
+    leaves it off: endpoints queue work, and backlog is what shortest_backlog weighs.
+    """
+
+    def __init__(self, policy: Policy, state: LiveState, *, seed: Optional[int] = None,
+                 respect_capacity: bool = False):
+        self.policy = policy
+        self.state = state
+        self.respect_capacity = respect_capacity
+        self._rng = random.Random(seed)
+        self._cursor: dict[int, int] = {}                                    # id(block) -> round-robin position
+        self._resolved: dict[int, tuple[int, list[WorkerState], tuple[str, ...]]] = {}  # id(block) -> (version, ...)
+        self._blocks: list[Block] = [b for tp in policy.tags.values() for b in tp.blocks]  # keep ids alive
+
+    # --- public ----------------------------------------------------------------------
+    def decide(self, tag: Optional[str] = None, *, container: Optional[str] = None,
+               explain: bool = False) -> Decision:
+        with self.state.lock:
+            return self._decide(tag, container, explain)
+
+    def place(self, tag: Optional[str] = None, *, container: Optional[str] = None) -> Decision:
+        """Decide and, when a worker is chosen, record the invocation as started on it."""
+        with self.state.lock:
+            d = self._decide(tag, container, False)
+            if d.worker is not None:
+                LiveState._start(self.state.workers[d.worker], tag)
+            return d
+
+    # --- core ------------------------------------------------------------------------
+    def _plan(self, tag: Optional[str]) -> list[tuple[TagPolicy, str]]:
+        policy = self.policy
+        own = policy.tags.get(tag) if tag is not None else None
+        if own is None:
+            return [(policy.default, "default")]
+        plan = [(own, "tag")]
+        if own.followup == "default" and own is not policy.default:
+            plan.append((policy.default, "followup"))
+        return plan
+
+    def _decide(self, tag: Optional[str], container: Optional[str], explain: bool) -> Decision:
+        plan = self._plan(tag)
+        traces: Optional[list[BlockTrace]] = [] if explain else None
+        for tp, via in plan:
+            for number, block in enumerate(tp.blocks, 1):
+                trace = None
+                if traces is not None:
+                    trace = BlockTrace(tp.name, number, block.line, block.describe())
+                    traces.append(trace)
+                w = self._pick(block, container, trace)
+                if w is not None:
+                    return Decision(worker=w.name, tag=tag, policy_tag=tp.name, block=number, line=block.line,
+                                    via=via, reason=f"{tp.name!r} block {number}, strategy {block.strategy}",
+                                    trace=traces if traces is not None else [])
+        if not explain:  # failures are rare: evaluate again, this time collecting every reason
+            return self._decide(tag, container, True)
+        last, last_via = plan[-1]
+        parts = []
+        for t in traces:
+            why = "; ".join(f"{w} {r}" for w, r in t.rejected[:6])
+            if len(t.rejected) > 6:
+                why += f"; and {len(t.rejected) - 6} more"
+            parts.append(f"{t.policy_tag!r} block {t.number} (line {t.line}): {why or 'no workers'}")
+        if last_via == "tag":
+            ending = "followup: fail"
+        elif last_via == "followup":
+            ending = f"followup: default, and the {last.name!r} blocks had none either"
+        else:
+            ending = f"the tag has no blocks of its own; the {last.name!r} blocks had none"
+        what = f"tag {tag!r}" if tag is not None else "an untagged function"
+        reason = f"no valid worker for {what}: " + " | ".join(parts) + f" ({ending})"
+        transient = any(t.codes & TRANSIENT for t in traces)
+        return Decision(worker=None, tag=tag, policy_tag=last.name, via=plan[-1][1], reason=reason,
+                        transient=transient, trace=traces)
+
+    def _candidates(self, block: Block) -> tuple[list[WorkerState], tuple[str, ...]]:
+        """The block's workers that exist in the state (in block order) and the names that do not."""
+        state = self.state
+        if block.workers is None:
+            return state.order, ()
+        key = id(block)
+        cached = self._resolved.get(key)
+        if cached is not None and cached[0] == state.version:
+            return cached[1], cached[2]
+        found = [state.workers[n] for n in block.workers if n in state.workers]
+        missing = tuple(n for n in block.workers if n not in state.workers)
+        self._resolved[key] = (state.version, found, missing)
+        return found, missing
+
+    def _pick(self, block: Block, container: Optional[str], trace: Optional[BlockTrace]) -> Optional[WorkerState]:
+        cands, missing = self._candidates(block)
+        strategy = block.strategy
+        n = len(cands)
+        if strategy == "round_robin" and n:
+            start = self._cursor.get(id(block), 0) % n
+            if start:
+                cands = cands[start:] + cands[:start]
+        rejected: Optional[list] = [] if trace is not None else None
+        first_only = trace is None and (strategy == "best_first" or strategy == "round_robin")
+        valid = self._scan(block, cands, rejected, first_only)
+        if trace is not None:
+            for name in missing:
+                trace.rejected.append((name, "unknown worker (not among the current workers)"))
+                trace.codes.add(UNKNOWN)
+            for w, code in rejected:
+                trace.rejected.append((w.name, self._reason(code, w, block)))
+                trace.codes.add(code)
+            trace.valid = [w.name for w in valid]
+        if not valid:
+            return None
+        chosen = self._choose(strategy, valid, container)
+        if strategy == "round_robin":
+            self._cursor[id(block)] = (self._candidates(block)[0].index(chosen) + 1) % n
+        if trace is not None:
+            trace.chosen = chosen.name
+        return chosen
+
+    def _scan(self, block: Block, cands: list[WorkerState], rejected: Optional[list],
+              first_only: bool) -> list[WorkerState]:
+        inv = block.invalidate
+        cap = inv.capacity_used if inv is not None else None
+        mci = inv.max_concurrent_invocations if inv is not None else None
+        req, forb = block.require, block.forbid
+        full = self.respect_capacity
+        valid = []
+        for w in cands:
+            r = w.running
+            c = w.capacity
+            code = 0
+            if not w.online:
+                code = OFFLINE
+            elif full and c and r >= c:
+                code = FULL
+            elif cap is not None and c and r * 100.0 >= cap * c:
+                code = CAPACITY
+            elif mci is not None and r >= mci:
+                code = CONCURRENCY
+            elif req or forb:
+                tags = w.tags
+                for t in req:
+                    if not tags.get(t):
+                        code = MISSING
+                        break
+                else:
+                    for t in forb:
+                        if tags.get(t):
+                            code = FORBIDDEN
+                            break
+            if code:
+                if rejected is not None:
+                    rejected.append((w, code))
+                continue
+            valid.append(w)
+            if first_only:
+                break
+        return valid
+
+    def _choose(self, strategy: str, valid: list[WorkerState], container: Optional[str]) -> WorkerState:
+        if len(valid) == 1 or strategy == "best_first" or strategy == "round_robin":
+            return valid[0]
+        if strategy == "any":
+            return valid[self._rng.randrange(len(valid))]
+        if strategy == "shortest_backlog":
+            best, best_score = None, 0.0
+            for w in valid:
+                score = (w.queued + w.running) / (w.capacity or 1)
+                if best is None or score < best_score:
+                    best, best_score = w, score
+            return best
+        # warm_first: warm workers of this container type first, then the most free slots
+        pool = valid
+        if container is not None:
+            warm = [w for w in valid if w.warm.get(container)]
+            if warm:
+                pool = warm
+        best, best_free = None, 0
+        for w in pool:
+            free = (w.capacity - w.running) if w.capacity else -w.running
+            if best is None or free > best_free:
+                best, best_free = w, free
+        return best
+
+    @staticmethod
+    def _reason(code: int, w: WorkerState, block: Block) -> str:
+        if code == OFFLINE:
+            return "offline"
+        if code == FULL:
+            return f"full ({w.running} of {w.capacity} slots busy)"
+        if code == CAPACITY:
+            return (f"capacity used {w.capacity_used():.0f}% reaches the {block.invalidate.capacity_used:g}% "
+                    f"threshold ({w.running} of {w.capacity} slots busy)")
+        if code == CONCURRENCY:
+            return (f"{w.running} concurrent invocations reach max_concurrent_invocations "
+                    f"{block.invalidate.max_concurrent_invocations}")
+        if code == MISSING:
+            need = [t for t in block.require if not w.tags.get(t)]
+            return f"runs no {need[0]!r} function (affinity {need[0]})"
+        if code == FORBIDDEN:
+            bad = [t for t in block.forbid if w.tags.get(t)]
+            return f"runs {w.tags[bad[0]]} {bad[0]!r} function(s) (anti-affinity !{bad[0]})"
+        return "unknown worker"
