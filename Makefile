@@ -43,3 +43,9 @@ bench-warming: install
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+
+# issue 4: comm — communicator through real NATs (network namespaces; needs root) vs
+# iperf3, a C socket ping-pong and Redis; rendezvous pairings/s; collectives on 2/4/8 ranks.
+.PHONY: bench-comm
+bench-comm: install
+	$(PY) -m benchmarks.comm --json
