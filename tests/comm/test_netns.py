@@ -108,3 +108,24 @@ def test_failed_setup_cleans_up(netns_reason, monkeypatch):
         topo.create()
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert topo.run_id not in listed
+
+
+@pytest.mark.parametrize("symmetric", [False, True], ids=["cone-nat", "symmetric-nat"])
+def test_rendezvous_sees_public_addresses_and_relays_through_nats(make_topology, symmetric):
+    """The rendezvous server and its reference client alone (no communicator) across the NATs."""
+    from rendezvous import make_token
+    from tests.comm.natgroup import spawn_ranks, start_rendezvous
+
+    topo = make_topology(2, symmetric=symmetric)
+    secret, group, port, nbytes = "probe-secret", f"probe.{topo.run_id}", 7300, 4 << 20
+    start_rendezvous(topo, secret, port)
+    readers = spawn_ranks(topo, topo.sites, "tests.comm.rdv_probe",
+                          lambda s: [f"{topo.public_ip}:{port}", group, 2, s.index, nbytes],
+                          {"SKYFN_TEST_TOKEN": make_token(secret, group)})
+    a, b = (r.json(60) for r in readers)
+    for me in (a, b):
+        assert [ip for ip, _ in me["peers"]] == [topo.sites[0].public_ip, topo.sites[1].public_ip]
+    if not symmetric:  # MASQUERADE kept the ports: the server saw each peer's own port
+        assert a["peers"][0][1] == a["local_port"] and a["peers"][1][1] == b["local_port"]
+    assert a["sent"] == b["received"] and b["sent"] == a["received"]
+    assert a["received_bytes"] == b["received_bytes"] == nbytes
