@@ -236,6 +236,7 @@ class AsyncSession:
         self.reader, self.writer = reader, writer
         self.rank, self.size, self.peers = rank, size, peers
         self._epoch = 0
+        self.local_address: Tuple[str, int] = tuple(writer.get_extra_info("sockname")[:2])
 
     async def barrier(self, epoch: Optional[int] = None) -> int:
         epoch = self._epoch if epoch is None else epoch
