@@ -232,14 +232,14 @@ class Scheduler:
                 code = CONCURRENCY
             elif req or forb:
                 tags = w.tags
-                for t in req:
-                    if not tags.get(t):
-                        code = MISSING
+                for t in forb:
+                    if tags.get(t):
+                        code = FORBIDDEN
                         break
                 else:
-                    for t in forb:
-                        if tags.get(t):
-                            code = FORBIDDEN
+                    for t in req:
+                        if not tags.get(t):
+                            code = MISSING
                             break
             if code:
                 if rejected is not None:
