@@ -49,3 +49,27 @@ clean:
 .PHONY: bench-comm
 bench-comm: install
 	$(PY) -m benchmarks.comm --json
+
+# issue 4: comm — rebuild the extension comm._core (Cython binding + C++ core, built in
+# place by `pip install -e .`) when its sources change; the stamp above tracks requirements.
+COMM_SRC := setup.py $(wildcard comm/*.pyx comm/*.pxd comm/*.h comm/cpp/include/skyfn_comm/*.hpp comm/cpp/src/*.cpp comm/cpp/src/*.hpp)
+COMM_STAMP := $(VENV)/.comm-built
+install: $(COMM_STAMP)
+$(COMM_STAMP): $(STAMP) $(COMM_SRC)
+	@so=$$(ls comm/_core*.so 2>/dev/null | head -1); \
+	if [ -z "$$so" ] || [ -n "$$(find $(COMM_SRC) -newer $$so)" ]; then \
+	  echo "building comm._core"; $(PY) -m pip install -q --no-deps -e .; fi
+	touch $(COMM_STAMP)
+
+# issue 4: comm — C++ core: configure, build and run its GoogleTest suite (ctest) in
+# build/comm-cpp; the transport tests start the real rendezvous server from .venv.
+.PHONY: test-cpp
+test-cpp: install
+	cmake -S comm/cpp -B build/comm-cpp -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build build/comm-cpp -j2
+	ctest --test-dir build/comm-cpp --output-on-failure
+
+# issue 6: placement — aAPP decision time at 16/64/256/1,024 workers (skyfn.placement).
+.PHONY: bench-placement
+bench-placement: install
+	$(PY) -m benchmarks.placement --json

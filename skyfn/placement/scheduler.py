@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Optional
 
 from skyfn.placement.model import Block, Policy, TagPolicy
@@ -30,6 +31,7 @@ from skyfn.placement.state import LiveState, WorkerState
 OFFLINE, FULL, CAPACITY, CONCURRENCY, MISSING, FORBIDDEN, UNKNOWN = range(1, 8)
 # Rejections a later decision may not repeat: load and co-location change as tasks run.
 TRANSIENT = frozenset({FULL, CAPACITY, CONCURRENCY, MISSING, FORBIDDEN})
+_POS = attrgetter("pos")
 
 
 @dataclass(slots=True)
@@ -119,7 +121,7 @@ class Scheduler:
         with self.state.lock:
             d = self._decide(tag, container, False)
             if d.worker is not None:
-                LiveState._start(self.state.workers[d.worker], tag)
+                self.state._start(self.state.workers[d.worker], tag)
             return d
 
     # --- core ------------------------------------------------------------------------
@@ -186,10 +188,25 @@ class Scheduler:
         cands, missing = self._candidates(block)
         strategy = block.strategy
         n = len(cands)
-        if strategy == "round_robin" and n:
-            start = self._cursor.get(id(block), 0) % n
-            if start:
-                cands = cands[start:] + cands[:start]
+        start = self._cursor.get(id(block), 0) % n if strategy == "round_robin" and n else 0
+        if trace is None and block.require and block.workers is None:
+            # Only workers running every required tag can be valid: start from the
+            # smallest such set (kept by the state) instead of visiting every worker.
+            by_tag = self.state.by_tag
+            subset = None
+            for t in block.require:
+                holders = by_tag.get(t)
+                if not holders:
+                    return None
+                if subset is None or len(holders) < len(subset):
+                    subset = holders
+            if len(subset) < n:
+                cands = sorted(subset, key=_POS)
+                if start:
+                    cands = [w for w in cands if w.pos >= start] + [w for w in cands if w.pos < start]
+                start = 0
+        if start:
+            cands = cands[start:] + cands[:start]
         rejected: Optional[list] = [] if trace is not None else None
         first_only = trace is None and (strategy == "best_first" or strategy == "round_robin")
         valid = self._scan(block, cands, rejected, first_only)

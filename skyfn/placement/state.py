@@ -14,10 +14,11 @@ from typing import Any, Iterable, Mapping, Optional
 
 
 class WorkerState:
-    __slots__ = ("name", "capacity", "running", "queued", "tags", "warm", "online")
+    __slots__ = ("name", "capacity", "running", "queued", "tags", "warm", "online", "pos")
 
     def __init__(self, name: str, capacity: int = 0, online: bool = True):
         self.name = name
+        self.pos = 0                  # index in LiveState.order
         self.capacity = capacity      # slots; 0 = unknown (capacity thresholds do not apply)
         self.running = 0
         self.queued = 0
@@ -50,6 +51,9 @@ class LiveState:
         self.workers: dict[str, WorkerState] = {}
         self.order: list[WorkerState] = []
         self.version = 0  # bumped when workers join or leave; schedulers cache name lookups on it
+        # tag -> workers running at least one invocation with that tag: lets the scheduler
+        # visit only those workers for a block with a positive affinity
+        self.by_tag: dict[str, set[WorkerState]] = {}
 
     # --- membership ------------------------------------------------------------------
     def upsert(self, name: str, *, capacity: Optional[int] = None, online: Optional[bool] = None,
@@ -73,6 +77,10 @@ class LiveState:
             if w is None:
                 return False
             self.order.remove(w)
+            for i, other in enumerate(self.order):
+                other.pos = i
+            for tag in w.tags:
+                self.by_tag.get(tag, set()).discard(w)
             self.version += 1
             return True
 
@@ -80,6 +88,7 @@ class LiveState:
         w = self.workers.get(name)
         if w is None:
             w = self.workers[name] = WorkerState(name)
+            w.pos = len(self.order)
             self.order.append(w)
             self.version += 1
         return w
@@ -90,11 +99,17 @@ class LiveState:
         with self.lock:
             self._start(self._get_or_add(name), tag)
 
-    @staticmethod
-    def _start(w: WorkerState, tag: Optional[str]) -> None:
+    def _start(self, w: WorkerState, tag: Optional[str]) -> None:
+        """Record a start; the caller holds the lock."""
         w.running += 1
         if tag is not None:
-            w.tags[tag] = w.tags.get(tag, 0) + 1
+            n = w.tags.get(tag, 0)
+            w.tags[tag] = n + 1
+            if not n:
+                holders = self.by_tag.get(tag)
+                if holders is None:
+                    holders = self.by_tag[tag] = set()
+                holders.add(w)
 
     def finished(self, name: str, tag: Optional[str] = None) -> bool:
         """An invocation ended. False (and no change) when none was recorded as running,
@@ -109,6 +124,7 @@ class LiveState:
                     return False
                 if n == 1:
                     del w.tags[tag]
+                    self.by_tag[tag].discard(w)
                 else:
                     w.tags[tag] = n - 1
             w.running -= 1
@@ -118,7 +134,11 @@ class LiveState:
         """Replace what runs on `name` with counts read elsewhere (e.g. the service's counters)."""
         with self.lock:
             w = self._get_or_add(name)
+            for tag in w.tags:
+                self.by_tag[tag].discard(w)
             w.tags = {t: int(n) for t, n in tags.items() if int(n) > 0}
+            for tag in w.tags:
+                self.by_tag.setdefault(tag, set()).add(w)
             w.running = sum(w.tags.values()) + max(0, untagged)
 
     def set_queued(self, name: str, queued: int) -> None:
