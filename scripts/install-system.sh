@@ -27,6 +27,10 @@ command -v iptables >/dev/null 2>&1 || comm_need+=(iptables)
 command -v conntrack >/dev/null 2>&1 || comm_need+=(conntrack)
 command -v iperf3 >/dev/null 2>&1 || comm_need+=(iperf3)
 command -v cc >/dev/null 2>&1 || comm_need+=(gcc libc6-dev)
+# issue 4: comm — the C++ core and its GoogleTest suite (make test-cpp).
+command -v cmake >/dev/null 2>&1 || comm_need+=(cmake)
+command -v g++ >/dev/null 2>&1 || comm_need+=(g++)
+[ -f /usr/include/gtest/gtest.h ] || comm_need+=(libgtest-dev)
 if [ ${#comm_need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq

@@ -68,6 +68,10 @@ class Request {
 };
 using RequestPtr = std::shared_ptr<Request>;
 
+// Thread safety: one thread at a time may call a Communicator and its Requests (the
+// core runs one background keep-alive thread of its own that only pings idle channels).
+// Tags: users use tags >= 0; negative tags are reserved for the collectives (the core
+// carries any tag; the Python API rejects negative ones).
 class Communicator {
  public:
   static std::unique_ptr<Communicator> join(const JoinOptions& opts);
@@ -77,6 +81,9 @@ class Communicator {
   virtual int size() const = 0;
 
   // Point to point. `data` must stay valid until the send completes (zero-copy).
+  // Messages of one (source, tag) are received in the order they were sent. Raises
+  // PeerLostError (naming the rank) when the peer closed or died, TimeoutError after
+  // timeout_s, CommError for bad arguments or a closed communicator.
   virtual void send(const void* data, size_t len, int dest, int tag = 0) = 0;
   virtual BufferPtr recv(int source, int tag = 0) = 0;
   virtual RequestPtr isend(const void* data, size_t len, int dest, int tag = 0) = 0;

@@ -1,0 +1,84 @@
+// Communicator::join and the concrete communicator: joins through the rendezvous server,
+// establishes every channel (punch.cpp), then serves point to point through the engine
+// and collectives through collectives.cpp.
+#include <memory>
+
+#include "collectives.hpp"
+#include "engine.hpp"
+#include "punch.hpp"
+#include "rendezvous_client.hpp"
+#include "skyfn_comm/communicator.hpp"
+
+namespace skyfn::comm {
+
+namespace {
+
+class CommunicatorImpl : public Communicator {
+ public:
+  CommunicatorImpl(std::unique_ptr<ControlConnection> ctl, std::shared_ptr<Engine> eng)
+      : ctl_(std::move(ctl)), eng_(std::move(eng)) {}
+  ~CommunicatorImpl() override { close(); }
+
+  int rank() const override { return eng_->rank(); }
+  int size() const override { return eng_->size(); }
+
+  void send(const void* data, size_t len, int dest, int tag) override { eng_->send(data, len, dest, tag); }
+  BufferPtr recv(int source, int tag) override { return eng_->recv(source, tag); }
+  RequestPtr isend(const void* data, size_t len, int dest, int tag) override { return eng_->isend(data, len, dest, tag); }
+  RequestPtr irecv(int source, int tag) override { return eng_->irecv(source, tag); }
+
+  void barrier() override { comm::barrier(*this); }
+  BufferPtr bcast(const void* data, size_t len, int root) override { return comm::bcast(*this, data, len, root); }
+  std::vector<BufferPtr> gatherv(const void* data, size_t len, int root) override {
+    return comm::gatherv(*this, data, len, root);
+  }
+  BufferPtr scatterv(const std::vector<std::pair<const void*, size_t>>& parts, int root) override {
+    return comm::scatterv(*this, parts, root);
+  }
+  std::vector<BufferPtr> allgatherv(const void* data, size_t len) override { return comm::allgatherv(*this, data, len); }
+  std::vector<BufferPtr> alltoallv(const std::vector<std::pair<const void*, size_t>>& parts) override {
+    return comm::alltoallv(*this, parts);
+  }
+  BufferPtr reduce(const void* data, size_t count, DType dtype, ReduceOp op, int root) override {
+    return comm::reduce(*this, data, count, dtype, op, root);
+  }
+  BufferPtr allreduce(const void* data, size_t count, DType dtype, ReduceOp op) override {
+    return comm::allreduce(*this, data, count, dtype, op);
+  }
+
+  std::vector<PeerStats> stats() const override { return eng_->stats(); }
+  void close() override {
+    if (!eng_->closed()) eng_->close();
+    if (ctl_) {
+      ctl_->close_quiet();
+      ctl_.reset();
+    }
+  }
+
+ private:
+  std::unique_ptr<ControlConnection> ctl_;
+  std::shared_ptr<Engine> eng_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> Communicator::join(const JoinOptions& opts) {
+  validate_options(opts);
+  net::TimePoint deadline = net::deadline_after(opts.timeout_s);
+  auto ctl = std::make_unique<ControlConnection>();
+  ctl->join(opts, opts.allow_direct && opts.size > 1, deadline);
+  ctl->wait_peers(deadline);
+  std::vector<Link> links = establish_channels(*ctl, opts, deadline);
+  ctl->listener().reset();  // every pair is connected: stop accepting
+  std::string results;
+  for (int r = 0; r < ctl->size(); ++r)
+    if (r != ctl->rank())
+      results += "RESULT " + std::to_string(r) + (links[static_cast<size_t>(r)].relay ? " relay\n" : " direct\n");
+  ctl->send_quiet(results);
+  auto eng = std::make_shared<Engine>(ctl->rank(), ctl->size(), std::move(links), opts);
+  return std::make_unique<CommunicatorImpl>(std::move(ctl), std::move(eng));
+}
+
+const char* version() { return "skyfn-comm 1.0 (wire version 1)"; }
+
+}  // namespace skyfn::comm

@@ -1,0 +1,445 @@
+// Transport tests on loopback against the real rendezvous server (python -m rendezvous):
+// join, direct and relayed channels, tags and FIFO order, isend/irecv, large messages,
+// keep-alive pings, bye, peer death, timeouts, bad tokens and bad arguments.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <thread>
+
+#include "collectives.hpp"
+#include "test_support.hpp"
+
+using namespace skyfn::comm;
+using namespace skyfn::comm::testing;
+
+namespace {
+
+RendezvousProcess* g_srv = nullptr;
+
+class Transport : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { g_srv = new RendezvousProcess("transport-secret"); }
+  static void TearDownTestSuite() {
+    delete g_srv;
+    g_srv = nullptr;
+  }
+  JoinOptions opts(const std::string& group, int size) { return options(*g_srv, group, size); }
+};
+
+std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(i * 131 + seed);
+  return v;
+}
+
+std::string as_string(const BufferPtr& b) { return std::string(b->data.begin(), b->data.end()); }
+
+// Joins `n` ranks on threads (rank assignment by the server) and runs fn on each.
+void with_group(const JoinOptions& base, int n, const std::function<void(Communicator&)>& fn,
+                const std::function<void(JoinOptions&, int)>& tweak = nullptr) {
+  run_threads(n, [&](int i) {
+    JoinOptions o = base;
+    if (tweak) tweak(o, i);
+    auto c = Communicator::join(o);
+    fn(*c);
+    c->close();
+  });
+}
+
+}  // namespace
+
+TEST_F(Transport, JoinAssignsEveryRankAndConnectsDirectly) {
+  std::vector<int> ranks(4, -1);
+  std::vector<std::vector<PeerStats>> stats(4);
+  with_group(opts(unique_group("join"), 4), 4, [&](Communicator& c) {
+    EXPECT_EQ(c.size(), 4);
+    ranks[static_cast<size_t>(c.rank())] = c.rank();
+    stats[static_cast<size_t>(c.rank())] = c.stats();
+  });
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(ranks[static_cast<size_t>(r)], r);
+    const auto& s = stats[static_cast<size_t>(r)];
+    ASSERT_EQ(s.size(), 4u);
+    for (int p = 0; p < 4; ++p) {
+      EXPECT_EQ(s[static_cast<size_t>(p)].rank, p);
+      EXPECT_EQ(s[static_cast<size_t>(p)].mode, p == r ? "self" : "direct");
+      if (p != r) EXPECT_EQ(s[static_cast<size_t>(p)].address.rfind("127.0.0.1:", 0), 0u);
+    }
+  }
+}
+
+TEST_F(Transport, ExplicitRanksAndTaggedMessagesKeepFifoOrderPerTag) {
+  with_group(
+      opts(unique_group("fifo"), 2), 2,
+      [&](Communicator& c) {
+        if (c.rank() == 0) {
+          c.send("a1", 2, 1, 1);
+          c.send("b1", 2, 1, 2);
+          c.send("a2", 2, 1, 1);
+          c.send("a3", 2, 1, 1);
+          EXPECT_EQ(as_string(c.recv(1, 9)), "done");
+        } else {
+          EXPECT_EQ(as_string(c.recv(0, 2)), "b1");  // tag 2 overtakes the queued tag 1 messages
+          EXPECT_EQ(as_string(c.recv(0, 1)), "a1");
+          EXPECT_EQ(as_string(c.recv(0, 1)), "a2");
+          EXPECT_EQ(as_string(c.recv(0, 1)), "a3");
+          c.send("done", 4, 0, 9);
+        }
+      },
+      [](JoinOptions& o, int i) { o.rank = 1 - i; });
+}
+
+TEST_F(Transport, IsendIrecvPostedBeforeAndAfterArrival) {
+  with_group(opts(unique_group("nb"), 3), 3, [&](Communicator& c) {
+    const int n = 20;
+    auto body = [&](int sender, int i) {
+      return pattern(static_cast<size_t>(100 + i * 1000), static_cast<uint8_t>(sender * 50 + i));
+    };
+    std::vector<std::vector<uint8_t>> out;
+    for (int i = 0; i < n; ++i) out.push_back(body(c.rank(), i));
+    std::vector<RequestPtr> sends;
+    std::vector<std::vector<RequestPtr>> recvs(static_cast<size_t>(c.size()));
+    for (int p = 0; p < c.size(); ++p)
+      if (p != c.rank())
+        for (int i = 0; i < n / 2; ++i) recvs[static_cast<size_t>(p)].push_back(c.irecv(p, 5));  // before arrival
+    EXPECT_THROW(recvs[static_cast<size_t>(c.rank() == 0 ? 1 : 0)][0]->result(), CommError);  // not complete yet
+    for (int p = 0; p < c.size(); ++p)
+      if (p != c.rank())
+        for (int i = 0; i < n; ++i)
+          sends.push_back(c.isend(out[static_cast<size_t>(i)].data(), out[static_cast<size_t>(i)].size(), p, 5));
+    for (int p = 0; p < c.size(); ++p)
+      if (p != c.rank())
+        for (int i = n / 2; i < n; ++i) recvs[static_cast<size_t>(p)].push_back(c.irecv(p, 5));
+    // Drive some requests with test() only, the rest with wait().
+    for (auto& rs : recvs)
+      for (size_t k = 0; k < rs.size(); k += 2)
+        while (!rs[k]->test()) {
+        }
+    for (auto& rs : recvs)
+      for (auto& r : rs) r->wait();
+    for (auto& s : sends) s->wait();
+    EXPECT_EQ(sends[0]->result(), nullptr);
+    for (int p = 0; p < c.size(); ++p)
+      if (p != c.rank())
+        for (int i = 0; i < n; ++i)
+          EXPECT_EQ(recvs[static_cast<size_t>(p)][static_cast<size_t>(i)]->result()->data, body(p, i))
+              << "message " << i << " from " << p;
+  });
+}
+
+TEST_F(Transport, EmptyAndSelfMessages) {
+  with_group(opts(unique_group("empty"), 2), 2, [&](Communicator& c) {
+    int other = 1 - c.rank();
+    c.send(nullptr, 0, other, 3);
+    EXPECT_EQ(c.recv(other, 3)->size(), 0u);
+    c.send("me", 2, c.rank(), 4);
+    auto r = c.irecv(c.rank(), 4);
+    r->wait();
+    EXPECT_EQ(as_string(r->result()), "me");
+  });
+}
+
+TEST_F(Transport, NegativeTagsAreTransportedForCollectives) {
+  with_group(opts(unique_group("neg"), 2), 2, [&](Communicator& c) {
+    int other = 1 - c.rank();
+    c.send("x", 1, other, -7);
+    c.send("y", 1, other, 7);
+    EXPECT_EQ(as_string(c.recv(other, 7)), "y");
+    EXPECT_EQ(as_string(c.recv(other, -7)), "x");
+  });
+}
+
+TEST_F(Transport, LargeMessagesBothWaysAtOnceDoNotDeadlock) {
+  // >= 256 MiB each way at the same time: each blocking send must keep reading the other
+  // side's frames while it waits for the socket to drain.
+  const size_t n = (size_t(256) << 20) + 12345;
+  auto o = opts(unique_group("large"), 2);
+  o.timeout_s = 120;
+  with_group(o, 2, [&](Communicator& c) {
+    int other = 1 - c.rank();
+    std::vector<uint8_t> out(n);
+    for (size_t i = 0; i < n; i += 4096) out[i] = static_cast<uint8_t>((i >> 12) + c.rank());
+    out[n - 1] = static_cast<uint8_t>(0xA0 + c.rank());
+    c.send(out.data(), out.size(), other, 1);
+    BufferPtr in = c.recv(other, 1);
+    ASSERT_EQ(in->size(), n);
+    for (size_t i = 0; i < n; i += 4096) ASSERT_EQ(in->data[i], static_cast<uint8_t>((i >> 12) + other)) << i;
+    EXPECT_EQ(in->data[n - 1], static_cast<uint8_t>(0xA0 + other));
+    auto st = c.stats();
+    EXPECT_GE(st[static_cast<size_t>(other)].bytes_sent, n);
+    EXPECT_GE(st[static_cast<size_t>(other)].bytes_received, n);
+  });
+}
+
+TEST_F(Transport, RelayForcedCarriesEveryByte) {
+  auto o = opts(unique_group("relay"), 3);
+  o.allow_direct = false;
+  std::string server = "127.0.0.1:" + std::to_string(g_srv->port());
+  with_group(o, 3, [&](Communicator& c) {
+    for (const auto& s : c.stats()) {
+      if (s.rank == c.rank()) continue;
+      EXPECT_EQ(s.mode, "relay");
+      EXPECT_EQ(s.address, server);
+    }
+    std::vector<uint8_t> big = pattern(3 << 20, static_cast<uint8_t>(c.rank()));
+    std::vector<RequestPtr> reqs;
+    for (int p = 0; p < c.size(); ++p)
+      if (p != c.rank()) reqs.push_back(c.isend(big.data(), big.size(), p, 0));
+    for (int p = 0; p < c.size(); ++p)
+      if (p != c.rank()) EXPECT_EQ(c.recv(p, 0)->data, pattern(3 << 20, static_cast<uint8_t>(p)));
+    for (auto& r : reqs) r->wait();
+  });
+}
+
+TEST_F(Transport, OneSideRefusingDirectMakesThePairRelay) {
+  // Rank 1 forbids direct channels, rank 0 and 2 allow them: both sides of every pair
+  // with rank 1 must agree on the relay, the 0-2 pair stays direct.
+  auto o = opts(unique_group("mixed"), 3);
+  o.punch_timeout_s = 0.5;
+  with_group(
+      o, 3,
+      [&](Communicator& c) {
+        auto st = c.stats();
+        for (int p = 0; p < 3; ++p) {
+          if (p == c.rank()) continue;
+          bool relay = p == 1 || c.rank() == 1;
+          EXPECT_EQ(st[static_cast<size_t>(p)].mode, relay ? "relay" : "direct") << c.rank() << "->" << p;
+        }
+        for (int p = 0; p < 3; ++p)
+          if (p != c.rank()) c.send(&p, sizeof p, p, 0);
+        for (int p = 0; p < 3; ++p)
+          if (p != c.rank()) {
+            int v = -1;
+            std::memcpy(&v, c.recv(p, 0)->data.data(), sizeof v);
+            EXPECT_EQ(v, c.rank());
+          }
+      },
+      [](JoinOptions& x, int i) {
+        x.rank = i;
+        x.allow_direct = i != 1;
+      });
+}
+
+TEST_F(Transport, KeepalivePingsFlowOnIdleChannelsAndAreDiscarded) {
+  auto o = opts(unique_group("ka"), 2);
+  o.keepalive_s = 0.05;
+  with_group(o, 2, [&](Communicator& c) {
+    int other = 1 - c.rank();
+    uint64_t before = c.stats()[static_cast<size_t>(other)].bytes_sent;
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));  // idle: only pings
+    uint64_t after = c.stats()[static_cast<size_t>(other)].bytes_sent;
+    EXPECT_GE(after - before, 16u) << "no ping written on an idle channel";
+    EXPECT_EQ((after - before) % 16, 0u) << "pings are bare 16-byte headers";
+    c.send("after-idle", 10, other, 2);
+    EXPECT_EQ(as_string(c.recv(other, 2)), "after-idle");  // pings never surface as messages
+    if (c.rank() == 0) {
+      auto r = c.irecv(1, 0);
+      EXPECT_FALSE(r->test());  // rank 1 sends only after "go": pings alone complete nothing
+      c.send("go", 2, 1, 3);
+      r->wait();
+      EXPECT_EQ(as_string(r->result()), "x");
+    } else {
+      EXPECT_EQ(as_string(c.recv(0, 3)), "go");
+      c.send("x", 1, 0, 0);
+    }
+  });
+}
+
+TEST_F(Transport, PeerThatClosesIsReportedAfterItsMessages) {
+  with_group(
+      opts(unique_group("bye"), 2), 2,
+      [&](Communicator& c) {
+        if (c.rank() == 1) {
+          c.send("last", 4, 0, 0);
+          c.close();
+          c.close();  // idempotent
+          EXPECT_THROW(c.send("x", 1, 0, 0), CommError);
+          return;
+        }
+        EXPECT_EQ(as_string(c.recv(1, 0)), "last");  // delivered although rank 1 is gone
+        try {
+          c.recv(1, 0);
+          FAIL() << "expected PeerLostError";
+        } catch (const PeerLostError& e) {
+          EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+          EXPECT_NE(std::string(e.what()).find("closed its communicator"), std::string::npos) << e.what();
+        }
+        EXPECT_THROW(c.send("x", 1, 1, 0), PeerLostError);
+      },
+      [](JoinOptions& o, int i) { o.rank = i; });
+}
+
+TEST_F(Transport, RecvTimeoutNamesWhatWasAwaited) {
+  auto o = opts(unique_group("timeout"), 2);
+  with_group(
+      o, 2,
+      [&](Communicator& c) {
+        if (c.rank() == 0) {
+          try {
+            c.recv(1, 7);
+            FAIL() << "expected TimeoutError";
+          } catch (const TimeoutError& e) {
+            EXPECT_NE(std::string(e.what()).find("rank 1 (tag 7)"), std::string::npos) << e.what();
+          }
+          c.send("go", 2, 1, 1);
+        } else {
+          EXPECT_EQ(as_string(c.recv(0, 1)), "go");
+        }
+      },
+      [](JoinOptions& x, int i) {
+        x.rank = i;
+        x.timeout_s = i == 0 ? 0.5 : 20;
+      });
+}
+
+TEST_F(Transport, CollectivesRunOverTheRealTransport) {
+  with_group(opts(unique_group("coll"), 4), 4, [&](Communicator& c) {
+    c.barrier();
+    int64_t mine = c.rank() + 1;
+    BufferPtr sum = c.allreduce(&mine, 1, DType::Int64, ReduceOp::Sum);
+    int64_t v = 0;
+    std::memcpy(&v, sum->data.data(), sizeof v);
+    EXPECT_EQ(v, 10);
+    std::string root = "from-root";
+    BufferPtr b = c.bcast(root.data(), c.rank() == 2 ? root.size() : 0, 2);
+    EXPECT_EQ(as_string(b), "from-root");
+    std::vector<std::string> parts;
+    std::vector<std::pair<const void*, size_t>> views;
+    for (int p = 0; p < 4; ++p) parts.push_back(std::string(static_cast<size_t>(c.rank() + p), 'a' + static_cast<char>(c.rank())));
+    for (auto& s : parts) views.emplace_back(s.data(), s.size());
+    auto got = c.alltoallv(views);
+    for (int p = 0; p < 4; ++p)
+      EXPECT_EQ(as_string(got[static_cast<size_t>(p)]), std::string(static_cast<size_t>(p + c.rank()), 'a' + static_cast<char>(p)));
+  });
+}
+
+TEST_F(Transport, BadAndExpiredTokensRaiseAuthError) {
+  auto o = opts(unique_group("auth"), 2);
+  o.token = make_token("wrong-secret", o.group);
+  try {
+    Communicator::join(o);
+    FAIL() << "expected AuthError";
+  } catch (const AuthError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad_token"), std::string::npos) << e.what();
+  }
+  o.token = make_token(g_srv->secret(), o.group, -10);
+  try {
+    Communicator::join(o);
+    FAIL() << "expected AuthError";
+  } catch (const AuthError& e) {
+    EXPECT_NE(std::string(e.what()).find("expired_token"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(Transport, InvalidArgumentsNameTheProblem) {
+  auto o = opts(unique_group("args"), 2);
+  auto expect_msg = [](JoinOptions x, const std::string& part) {
+    try {
+      Communicator::join(x);
+      FAIL() << "expected CommError mentioning " << part;
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  JoinOptions x = o;
+  x.rank = 2;
+  expect_msg(x, "invalid rank 2");
+  x = o;
+  x.size = 0;
+  expect_msg(x, "invalid group size");
+  x = o;
+  x.group = "bad group";
+  expect_msg(x, "invalid group id");
+  x = o;
+  x.token = "";
+  expect_msg(x, "invalid group token");
+  x = o;
+  x.rendezvous_port = 0;
+  expect_msg(x, "invalid rendezvous port");
+
+  with_group(o, 2, [&](Communicator& c) {
+    EXPECT_THROW(c.send("x", 1, 5, 0), CommError);
+    EXPECT_THROW(c.recv(-1, 0), CommError);
+    c.barrier();
+  });
+}
+
+TEST_F(Transport, JoinTimesOutWhenTheGroupNeverFills) {
+  auto o = opts(unique_group("alone"), 2);
+  o.timeout_s = 0.7;
+  try {
+    Communicator::join(o);
+    FAIL() << "expected TimeoutError";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("PEERS"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(Transport, SingleRankGroup) {
+  auto c = Communicator::join(opts(unique_group("one"), 1));
+  EXPECT_EQ(c->rank(), 0);
+  c->send("s", 1, 0, 0);
+  EXPECT_EQ(as_string(c->recv(0, 0)), "s");
+  int32_t v = 5;
+  BufferPtr r = c->allreduce(&v, 1, DType::Int32, ReduceOp::Sum);
+  EXPECT_EQ(r->size(), 4u);
+  ASSERT_EQ(c->stats().size(), 1u);
+  EXPECT_EQ(c->stats()[0].mode, "self");
+  c->close();
+}
+
+// A peer process killed with SIGKILL (no bye): the survivor's pending recv and its later
+// sends raise PeerLostError naming the rank, well before the timeout.
+TEST_F(Transport, KilledPeerRaisesPeerLostError) {
+  auto o = opts(unique_group("death"), 2);
+  o.timeout_s = 20;
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(ready[0]);
+    try {
+      JoinOptions co = o;
+      co.rank = 1;
+      auto c = Communicator::join(co);
+      c->send("hello", 5, 0, 0);
+      char b = 'r';
+      if (write(ready[1], &b, 1) != 1) _exit(3);
+      pause();  // killed by the parent
+    } catch (...) {
+      _exit(2);
+    }
+    _exit(0);
+  }
+  ::close(ready[1]);
+  JoinOptions po = o;
+  po.rank = 0;
+  auto c = Communicator::join(po);
+  EXPECT_EQ(as_string(c->recv(1, 0)), "hello");
+  char b = 0;
+  ASSERT_EQ(read(ready[0], &b, 1), 1);
+  ::close(ready[0]);
+  auto req = c->irecv(1, 0);
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    req->wait();
+    FAIL() << "expected PeerLostError";
+  } catch (const PeerLostError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("without a goodbye"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), o.timeout_s);
+  EXPECT_THROW(c->send("x", 1, 1, 0), PeerLostError);
+  EXPECT_THROW(c->recv(1, 3), PeerLostError);
+  c->close();
+}
