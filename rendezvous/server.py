@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 from typing import Dict, List, Optional, Tuple, Union
 
 from . import protocol as P
+from . import splice
 from .tokens import TokenError, verify_token
 
 log = logging.getLogger("rendezvous")
@@ -28,8 +31,10 @@ class Limits:
     """Bounds that let one server survive floods (every one answers ERROR busy when hit)."""
 
     def __init__(self, max_connections: int = 16000, max_groups: int = 8000, join_timeout_s: float = 60.0,
-                 first_line_timeout_s: float = 10.0):
+                 first_line_timeout_s: float = 10.0, zero_copy_relay: bool = True):
         self.max_connections = max_connections
+        # splice(2) relays where the platform has it; False forwards through Python.
+        self.zero_copy_relay = zero_copy_relay
         self.max_groups = max_groups
         self.join_timeout_s = join_timeout_s
         self.first_line_timeout_s = first_line_timeout_s
@@ -95,7 +100,7 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if peer:
             self.address = (peer[0], peer[1])
-        if srv.connections > srv.limits.max_connections:
+        if srv.connections + srv.spliced_sockets > srv.limits.max_connections:
             self.fail(P.BUSY, f"server has {srv.limits.max_connections} connections; retry later")
             return
         self.timer = srv.loop.call_later(srv.limits.first_line_timeout_s, self._first_line_timeout)
@@ -113,27 +118,26 @@ class Connection(asyncio.Protocol):
                 self.fail(P.MALFORMED, "relay data sent before RELAYED")
             return
         buf = self.buf + data if self.buf else data
-        self.buf = b""
-        start = 0
         while True:
-            end = buf.find(b"\n", start)
+            end = buf.find(b"\n")
             if end < 0:
                 break
-            if end - start >= P.MAX_LINE:
+            if end >= P.MAX_LINE:
                 self.fail(P.MALFORMED, f"line longer than {P.MAX_LINE} bytes")
                 return
-            self._line(buf[start:end])
-            start = end + 1
+            line = buf[:end]
+            buf = self.buf = buf[end + 1:]   # what follows, in case this line hands the stream over
+            self._line(line)
             if self.closed:
                 return
             if self.relay_key is not None:
-                # Whatever followed RELAY belongs to the spliced stream.
-                rest = buf[start:]
-                if rest:
-                    self.data_received(rest)
+                # The rest belongs to the relayed stream: relay() forwarded it, or keeps it
+                # until the partner arrives.
+                if self.partner is None and len(self.buf) > _RELAY_EARLY_LIMIT:
+                    self.fail(P.MALFORMED, "relay data sent before RELAYED")
                 return
-        self.buf = buf[start:] if start < len(buf) else b""
-        if len(self.buf) >= P.MAX_LINE:
+        self.buf = buf
+        if len(buf) >= P.MAX_LINE:
             self.fail(P.MALFORMED, f"line longer than {P.MAX_LINE} bytes")
 
     def eof_received(self):
@@ -242,6 +246,8 @@ class RendezvousServer:
         self.groups: Dict[str, Group] = {}
         self.relays: Dict[Tuple[str, int, int], Connection] = {}
         self.connections = 0
+        self.spliced_sockets = 0
+        self._pairs: set = set()
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self._server: Optional[asyncio.base_events.Server] = None
         self.stats = {"joins": 0, "groups_completed": 0, "relays_spliced": 0, "errors": 0}
@@ -264,6 +270,8 @@ class RendezvousServer:
                     conn.transport.close()
         for conn in list(self.relays.values()):
             conn.transport.close()
+        for pair in list(self._pairs):
+            pair.close()
 
     # ---- JOIN -------------------------------------------------------------------------
 
@@ -399,14 +407,39 @@ class RendezvousServer:
             other.timer = None
         self.stats["relays_spliced"] += 1
         log.info("relay group %s ranks %d<->%d spliced", msg.group, msg.my_rank, msg.peer_rank)
+        for a in (conn, other):
+            a.transport.write(P.RELAYED)
+        if self.limits.zero_copy_relay and splice.available() and all(
+                a.transport.get_write_buffer_size() == 0 for a in (conn, other)):
+            heads = (conn.buf, other.buf)
+            pair = splice.SplicedPair(self.loop, self._detach(conn), self._detach(other), heads[0], heads[1],
+                                      on_close=self._pair_closed)
+            self._pairs.add(pair)
+            self.spliced_sockets += 2
+            pair.start()
+            return
         for a, b in ((conn, other), (other, conn)):
             a.partner = b
             a.transport.set_write_buffer_limits(high=_SPLICE_HIGH, low=_SPLICE_LOW)
-            a.transport.write(P.RELAYED)
         for a, b in ((conn, other), (other, conn)):
             if a.buf:
                 early, a.buf = a.buf, b""
                 b.transport.write(early)
+
+    @staticmethod
+    def _detach(conn: Connection) -> socket.socket:
+        """Take the socket away from its transport (RELAYED is already sent): a dup, then abort."""
+        fd = os.dup(conn.transport.get_extra_info("socket").fileno())
+        conn.closed = True
+        conn.relay_key = None
+        conn.transport.abort()     # closes only the transport's descriptor; the dup keeps the connection
+        sock = socket.socket(fileno=fd)
+        sock.setblocking(False)
+        return sock
+
+    def _pair_closed(self, pair) -> None:
+        self._pairs.discard(pair)
+        self.spliced_sockets -= 2
 
     def _relay_timeout(self, conn: Connection) -> None:
         conn.timer = None

@@ -317,6 +317,15 @@ def test_result_is_accepted_and_bye_closes(server, gid):
 
 # ---- relay ---------------------------------------------------------------------------------
 
+@pytest.fixture(scope="module", params=["splice", "python"])
+def relay_server(request):
+    """Relays are spliced in the kernel (splice(2)) or forwarded through Python: test both."""
+    handle = rendezvous.serve_in_thread("127.0.0.1", 0, SECRET,
+                                        limits=Limits(zero_copy_relay=request.param == "splice"))
+    yield handle
+    handle.stop()
+
+
 def _pump(sock, data, out, key):
     """Send `data` then half-close, while reading the other direction to EOF."""
     received = []
@@ -336,14 +345,14 @@ def _pump(sock, data, out, key):
     sock.close()
 
 
-def test_relay_splices_both_directions_byte_exact(server, gid):
+def test_relay_splices_both_directions_byte_exact(relay_server, gid):
     g = gid()
     t = tok(g)
     data = {0: os.urandom(6 * 1024 * 1024 + 17), 1: os.urandom(3 * 1024 * 1024 + 5)}
     socks = {}
 
     def open_half(me, other):
-        socks[me] = client.relay(server.address, g, t, me, other, timeout=10)
+        socks[me] = client.relay(relay_server.address, g, t, me, other, timeout=10)
     threads = [threading.Thread(target=open_half, args=(0, 1)), threading.Thread(target=open_half, args=(1, 0))]
     for th in threads:
         th.start()
@@ -357,16 +366,71 @@ def test_relay_splices_both_directions_byte_exact(server, gid):
         th.join()
     assert hashlib.sha256(out[0]).digest() == hashlib.sha256(data[1]).digest()
     assert hashlib.sha256(out[1]).digest() == hashlib.sha256(data[0]).digest()
-    assert server.server.stats["relays_spliced"] >= 1
+    assert relay_server.server.stats["relays_spliced"] >= 1
+    srv = relay_server.server
+    wait_for(lambda: srv.connections == 0 and srv.spliced_sockets == 0)   # both halves released
 
 
-def test_relay_keeps_bytes_sent_before_the_partner_arrived(server, gid):
+def test_relay_holds_back_a_writer_whose_reader_does_not_read(relay_server, gid):
     g = gid()
     t = tok(g)
-    early = socket.create_connection((server.host, server.port), timeout=10)
+    socks = {}
+
+    def open_half(me, other):
+        socks[me] = client.relay(relay_server.address, g, t, me, other, timeout=10)
+    threads = [threading.Thread(target=open_half, args=(0, 1)), threading.Thread(target=open_half, args=(1, 0))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    data = os.urandom(1 << 20) * 64        # far more than every buffer on the way can hold
+    sender = threading.Thread(target=lambda: (socks[0].sendall(data), socks[0].shutdown(socket.SHUT_WR)))
+    sender.start()
+    sender.join(1.0)
+    assert sender.is_alive(), "64 MiB went into buffers although nobody read: no backpressure"
+    got = bytearray()
+    while True:
+        chunk = socks[1].recv(1 << 20)
+        if not chunk:
+            break
+        got += chunk
+    sender.join()
+    assert len(got) == len(data) and got == data
+    for sock in socks.values():
+        sock.close()
+
+
+def test_relay_bytes_in_the_same_packet_as_the_matching_relay_line(relay_server, gid):
+    g = gid()
+    t = tok(g)
+    first = socket.create_connection((relay_server.host, relay_server.port), timeout=10)
+    first.sendall(f"RELAY {g} {t} 0 1\n".encode())
+    wait_for(lambda: (g, 0, 1) in relay_server.server.relays)
+    second = socket.create_connection((relay_server.host, relay_server.port), timeout=10)
+    second.sendall(f"RELAY {g} {t} 1 0\n".encode() + b"SKYC" + bytes(range(256)) * 100)
+    want = b"RELAYED\n" + b"SKYC" + bytes(range(256)) * 100
+    got = b""
+    while len(got) < len(want):
+        chunk = first.recv(65536)
+        assert chunk, "relay closed early"
+        got += chunk
+    assert got == want
+    first.sendall(b"pong")
+    got = b""
+    while len(got) < len(b"RELAYED\npong"):
+        got += second.recv(100)
+    assert got == b"RELAYED\npong"
+    first.close()
+    second.close()
+
+
+def test_relay_keeps_bytes_sent_before_the_partner_arrived(relay_server, gid):
+    g = gid()
+    t = tok(g)
+    early = socket.create_connection((relay_server.host, relay_server.port), timeout=10)
     early.sendall(f"RELAY {g} {t} 3 0\n".encode() + b"SKYC early bytes")
-    wait_for(lambda: (g, 3, 0) in server.server.relays)
-    late = client.relay(server.address, g, t, 0, 3, timeout=10)
+    wait_for(lambda: (g, 3, 0) in relay_server.server.relays)
+    late = client.relay(relay_server.address, g, t, 0, 3, timeout=10)
     got = b""
     while len(got) < len(b"SKYC early bytes"):
         got += late.recv(100)
@@ -382,17 +446,17 @@ def test_relay_keeps_bytes_sent_before_the_partner_arrived(server, gid):
     early.close()
 
 
-def test_duplicate_relay_half_is_rejected(server, gid):
+def test_duplicate_relay_half_is_rejected(relay_server, gid):
     g = gid()
     t = tok(g)
-    first = socket.create_connection((server.host, server.port), timeout=10)
+    first = socket.create_connection((relay_server.host, relay_server.port), timeout=10)
     first.sendall(f"RELAY {g} {t} 0 1\n".encode())
-    wait_for(lambda: (g, 0, 1) in server.server.relays)
+    wait_for(lambda: (g, 0, 1) in relay_server.server.relays)
     with pytest.raises(RendezvousError) as err:
-        client.relay(server.address, g, t, 0, 1, timeout=10)
+        client.relay(relay_server.address, g, t, 0, 1, timeout=10)
     assert err.value.code == "rank_taken"
     first.close()
-    wait_for(lambda: (g, 0, 1) not in server.server.relays)
+    wait_for(lambda: (g, 0, 1) not in relay_server.server.relays)
 
 
 # ---- limits --------------------------------------------------------------------------------
