@@ -73,11 +73,3 @@ test-cpp: install
 .PHONY: bench-placement
 bench-placement: install
 	$(PY) -m benchmarks.placement --json
-
-# issue 4: comm — C++ core: configure, build and run its GoogleTest suite (ctest) in
-# build/comm-cpp; the transport tests start the real rendezvous server from .venv.
-.PHONY: test-cpp
-test-cpp: install
-	cmake -S comm/cpp -B build/comm-cpp -DCMAKE_BUILD_TYPE=RelWithDebInfo
-	cmake --build build/comm-cpp -j2
-	ctest --test-dir build/comm-cpp --output-on-failure
