@@ -140,6 +140,41 @@ def rendezvous_serve(
     _run(action)
 
 
+# --- policy (placement, issue 6) ---
+policy_app = typer.Typer(help="aAPP placement policies: validate a policy file, explain decisions.",
+                         no_args_is_help=True)
+app.add_typer(policy_app, name="policy")
+
+
+@policy_app.command("check")
+def policy_check(
+    file: str = typer.Argument(..., help="policy YAML file"),
+    tag: Optional[list[str]] = typer.Option(None, "--tag", "-t", help="explain the decision for this function tag "
+                                                                     "(repeatable)"),
+    state: Optional[str] = typer.Option(None, "--state", "-s", help="worker state (YAML/JSON): "
+                                                                   "workers: {w1: {capacity, running, tags, ...}}"),
+    container: Optional[str] = typer.Option(None, "--container", help="container type (for warm_first)"),
+    untagged: bool = typer.Option(False, "--untagged", help="also explain an untagged function"),
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+) -> None:
+    """Validate FILE (errors name the line, key and reason) and explain, for a tag and a worker
+    state, which block and worker would be chosen and why the others were rejected.
+    Exit 0: valid; 1: invalid policy or state; 2: valid, but an explained decision found no worker."""
+    def action():
+        from skyfn.placement.check import check
+
+        return check(file, tag, state, container=container, untagged=untagged)
+    report = _run(action)
+    if as_json:
+        typer.echo(json.dumps(report.data, indent=2))
+    else:
+        for line in report.lines:
+            typer.echo(line)
+    for line in report.errors:
+        typer.echo(line, err=True)
+    raise typer.Exit(report.exit_code)
+
+
 def main() -> None:
     app()
 

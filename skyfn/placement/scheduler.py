@@ -46,6 +46,11 @@ class BlockTrace:
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (worker, reason)
     chosen: Optional[str] = None
     codes: set[int] = field(default_factory=set)
+    order: list[str] = field(default_factory=list)   # every worker considered, in the block's order
+
+    @property
+    def where(self) -> str:
+        return f"line {self.line}" if self.line else "built in"
 
     def as_dict(self) -> dict[str, Any]:
         return {"tag": self.policy_tag, "block": self.number, "line": self.line, "block_description": self.description,
@@ -78,16 +83,21 @@ class Decision:
         """Human-readable account: each block tried, each worker rejected and why, the choice."""
         head = (f"tag {self.tag!r}" if self.tag is not None else "untagged function")
         if self.ok:
-            out = [f"{head} -> worker {self.worker!r} ({self.policy_tag!r} block {self.block}, line {self.line})"]
+            where = f"line {self.line}" if self.line else "built in"
+            out = [f"{head} -> worker {self.worker!r} ({self.policy_tag!r} block {self.block}, {where})"]
         else:
             out = [f"{head} -> no worker: {self.reason}"]
+        if self.via == "default" and self.tag is not None:
+            out.append(f"  (the policy has no tag {self.tag!r}: the {self.policy_tag!r} blocks apply)")
         for t in self.trace:
-            out.append(f"  {t.policy_tag!r} block {t.number} (line {t.line}): {t.description}")
-            for w, r in t.rejected:
-                out.append(f"    {w}: rejected, {r}")
-            for w in t.valid:
-                out.append(f"    {w}: valid" + ("  <- chosen" if w == t.chosen else ""))
-            if not t.valid and not t.rejected:
+            out.append(f"  {t.policy_tag!r} block {t.number} ({t.where}): {t.description}")
+            reasons = dict(t.rejected)
+            for w in t.order:
+                if w in reasons:
+                    out.append(f"    {w}: rejected, {reasons[w]}")
+                else:
+                    out.append(f"    {w}: valid" + ("  <- chosen" if w == t.chosen else ""))
+            if not t.order:
                 out.append("    (no workers)")
         return "\n".join(out)
 
@@ -157,7 +167,7 @@ class Scheduler:
             why = "; ".join(f"{w} {r}" for w, r in t.rejected[:6])
             if len(t.rejected) > 6:
                 why += f"; and {len(t.rejected) - 6} more"
-            parts.append(f"{t.policy_tag!r} block {t.number} (line {t.line}): {why or 'no workers'}")
+            parts.append(f"{t.policy_tag!r} block {t.number} ({t.where}): {why or 'no workers'}")
         if last_via == "tag":
             ending = "followup: fail"
         elif last_via == "followup":
@@ -218,6 +228,8 @@ class Scheduler:
                 trace.rejected.append((w.name, self._reason(code, w, block)))
                 trace.codes.add(code)
             trace.valid = [w.name for w in valid]
+            listed = block.workers if block.workers is not None else [w.name for w in self.state.order]
+            trace.order = list(listed)
         if not valid:
             return None
         chosen = self._choose(strategy, valid, container)
