@@ -70,7 +70,8 @@ PeerMessage = Union[Join, Relay, Barrier, Result, Bye]
 def _int(text: str, what: str, lo: int, hi: int) -> int:
     body = text[1:] if text.startswith("-") else text
     if not body.isdigit() or len(body) > 20 or not body.isascii():
-        raise ProtocolError(MALFORMED, f"{what} must be an integer, got {text[:40]!r}")
+        # The value is not echoed: in a misordered line it may be the token.
+        raise ProtocolError(MALFORMED, f"{what} must be an integer (got {len(text)} other characters)")
     value = int(text)
     if not lo <= value <= hi:
         raise ProtocolError(MALFORMED, f"{what} must be in [{lo}, {hi}], got {value}")
@@ -79,8 +80,8 @@ def _int(text: str, what: str, lo: int, hi: int) -> int:
 
 def _group(text: str) -> str:
     if not GROUP_RE.fullmatch(text):
-        raise ProtocolError(MALFORMED, f"group id {text[:40]!r} is invalid: use 1-128 characters "
-                                       "of A-Z a-z 0-9 . _ : @ -")
+        raise ProtocolError(MALFORMED, f"group id is invalid ({len(text)} characters): use 1-128 "
+                                       "characters of A-Z a-z 0-9 . _ : @ -")
     return text
 
 
@@ -125,8 +126,8 @@ def parse_peer_line(raw: bytes) -> PeerMessage:
         if n != 1:
             raise ProtocolError(MALFORMED, "expected 'BYE'")
         return Bye()
-    raise ProtocolError(MALFORMED, f"unknown command {verb[:20]!r}: expected JOIN, RELAY, BARRIER, "
-                                   "RESULT or BYE")
+    shown = repr(verb) if len(verb) <= 12 else f"of {len(verb)} characters"
+    raise ProtocolError(MALFORMED, f"unknown command {shown}: expected JOIN, RELAY, BARRIER, RESULT or BYE")
 
 
 # ---- server -> peer -------------------------------------------------------------------

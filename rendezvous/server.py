@@ -21,6 +21,8 @@ log = logging.getLogger("rendezvous")
 
 # Bytes a relay half may send before its partner arrives (it should send none).
 _RELAY_EARLY_LIMIT = 64 * 1024
+# BARRIERs one connection may have outstanding (a client waits for each; this bounds memory).
+_MAX_PENDING_BARRIERS = 16
 # Write buffer limits of spliced relay connections: big enough for full-speed streaming,
 # small enough that a slow reader holds back its writer instead of filling our memory.
 _SPLICE_HIGH = 4 * 1024 * 1024
@@ -75,7 +77,7 @@ class Connection(asyncio.Protocol):
     """One peer connection: control (JOIN ...) or relay (RELAY ...), chosen by its first line."""
 
     __slots__ = ("server", "transport", "address", "buf", "group", "rank", "relay_key", "partner",
-                 "timer", "closed", "paused", "eof")
+                 "timer", "closed", "paused", "eof", "barriers")
 
     def __init__(self, server: "RendezvousServer"):
         self.server = server
@@ -90,6 +92,7 @@ class Connection(asyncio.Protocol):
         self.closed = False
         self.paused = False
         self.eof = False
+        self.barriers = 0             # outstanding BARRIER requests
 
     # ---- asyncio callbacks ----------------------------------------------------------
 
@@ -196,12 +199,21 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         log.info("error %s to %s:%d: %s", code, self.address[0], self.address[1], reason)
+        self.server.stats["errors"] += 1
         self.transport.write(P.error(code, reason))
+        self.drop()
+
+    def drop(self) -> None:
+        """Close, and leave the group at once (not at connection_lost: barriers must see it now)."""
         self.closed = True
         self.transport.close()
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        if self.group is not None:
+            self.server.leave(self)
+        elif self.relay_key is not None and self.server.relays.get(self.relay_key) is self:
+            del self.server.relays[self.relay_key]
 
     def _first_line_timeout(self):
         self.timer = None
@@ -228,7 +240,7 @@ class Connection(asyncio.Protocol):
             log.debug("group %s: rank %d reports %s to rank %d", self.group.gid, self.rank, msg.mode,
                       msg.peer_rank)
         elif kind is P.Bye:
-            self.transport.close()
+            self.drop()
         else:
             self.fail(P.MALFORMED, f"{kind.__name__.upper()} after JOIN")
 
@@ -279,7 +291,6 @@ class RendezvousServer:
         try:
             verify_token(self._secret, group, token)
         except TokenError as exc:
-            self.stats["errors"] += 1
             conn.fail(exc.code, exc.reason)
             return False
         if conn.timer is not None:
@@ -363,11 +374,11 @@ class RendezvousServer:
         if group.lost is None:
             group.lost = conn.rank
         # A barrier can no longer complete: tell whoever waits in one.
-        for epoch, waiting in group.barriers.items():
+        pending, group.barriers = group.barriers, {}
+        for epoch, waiting in pending.items():
             for r in waiting:
                 group.members[r].fail(P.PEER_LOST, f"rank {conn.rank} of group {group.gid} closed its "
                                                    f"connection before barrier {epoch}")
-        group.barriers.clear()
 
     # ---- BARRIER ----------------------------------------------------------------------
 
@@ -378,11 +389,19 @@ class RendezvousServer:
                                    f"barrier {epoch} cannot complete")
             return
         waiting = group.barriers.setdefault(epoch, set())
+        if conn.rank in waiting:
+            return                    # a repeated BARRIER for the same epoch changes nothing
+        if conn.barriers >= _MAX_PENDING_BARRIERS:
+            conn.fail(P.MALFORMED, f"more than {_MAX_PENDING_BARRIERS} barriers outstanding; wait for "
+                                   "BARRIER_OK before the next BARRIER")
+            return
         waiting.add(conn.rank)
+        conn.barriers += 1
         if len(waiting) == group.size:
             del group.barriers[epoch]
             line = P.barrier_ok(epoch)
             for member in group.members.values():
+                member.barriers -= 1
                 member.send(line)
 
     # ---- RELAY ------------------------------------------------------------------------

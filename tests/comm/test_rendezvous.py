@@ -207,6 +207,14 @@ def test_malformed_lines_get_an_error_and_close(server, gid, payload, code, frag
     last.close()
 
 
+def test_a_misordered_token_is_not_echoed(server, gid):
+    g = gid()
+    t = tok(g)
+    got = raw_exchange((server.host, server.port), f"JOIN {g} 2 -1 {t}\n".encode())
+    assert got.startswith(b"ERROR malformed ")
+    assert t.encode()[:12] not in got and t.split(".")[1][:8].encode() not in got
+
+
 def test_second_join_on_one_connection_is_malformed(server, gid):
     g = gid()
     t = tok(g)
@@ -294,6 +302,19 @@ def test_barrier_after_a_peer_left_fails_with_peer_lost(server, gid):
     assert err.value.code == "peer_lost" and "rank 1" in err.value.reason
     a.sock.close()
     wait_for(lambda: g not in server.server.groups)
+
+
+def test_outstanding_barriers_are_bounded(server, gid):
+    g = gid()
+    a, b = join_in_threads(server.address, g, tok(g), 2, [0, 1])[0]
+    a.sock.sendall(b"".join(b"BARRIER %d\n" % e for e in range(17)))
+    line = a._reader.readline(time.monotonic() + 10)
+    assert line == b"ERROR malformed more than 16 barriers outstanding; wait for BARRIER_OK before the next BARRIER"
+    a.sock.close()
+    with pytest.raises(RendezvousError) as err:
+        b.barrier(timeout=10)
+    assert err.value.code == "peer_lost"
+    b.sock.close()
 
 
 def test_result_is_accepted_and_bye_closes(server, gid):
