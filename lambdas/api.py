@@ -11,6 +11,7 @@ from typing import Annotated
 
 import orjson
 import redis
+from botocore.exceptions import BotoCoreError, ClientError
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
@@ -22,7 +23,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from lambdas.auth import Unauthorized, authenticate
 from lambdas.config import settings
-from lambdas.core import registry, tasks
+from lambdas.core import batches, flows, registry, runs, tasks
 from lambdas.core.errors import ServiceError, TooLarge
 from skyfn.protocol.api import (
     MAX_REQUEST_BYTES,
@@ -42,6 +43,7 @@ from skyfn.protocol.api import (
     TaskInfo,
     TaskStatus,
 )
+from skyfn.protocol.workflows import BatchStatus, BatchSubmitted, RunFlow, RunGroup, RunStarted, RunStatus, SubmitBatch
 
 logger = Logger(service="skyfn-api")
 metrics = Metrics(namespace="skyfn", service="api")
@@ -188,6 +190,42 @@ def get_task(task_id: IdPath):
 @app.delete("/tasks/<task_id>", responses={**_ok(200, TaskStatus), **_errors(401, 404, 409, 422)})
 def cancel_task(task_id: IdPath):
     return _json(200, tasks.cancel(_user(), task_id).model_dump(exclude_none=True))
+
+
+# --- workflows (Step Functions; docs/workflows.md) ------------------------------------
+@app.post("/batches", responses={**_ok(202, BatchSubmitted), **_ok(200, BatchSubmitted),
+                                 **_errors(401, 404, 409, 413, 422, 503)})
+def submit_batch(body: Annotated[SubmitBatch, Body()]):
+    answer, replayed = batches.submit(_user(), body)
+    metrics.add_metric(name="BatchTasksSubmitted", unit=MetricUnit.Count, value=0 if replayed else len(body.payloads))
+    return _json(200 if replayed else 202, answer)
+
+
+@app.get("/batches/<batch_id>", responses={**_ok(200, BatchStatus), **_errors(401, 404, 422, 503)})
+def batch_status(batch_id: IdPath):
+    return _json(200, batches.status(_user(), batch_id))
+
+
+@app.post("/flows", responses={**_ok(202, RunStarted), **_errors(401, 404, 422, 503)})
+def run_flow(body: Annotated[RunFlow, Body()]):
+    return _json(202, flows.run_flow(_user(), body))
+
+
+@app.post("/groups", responses={**_ok(202, RunStarted), **_errors(401, 404, 422, 503)})
+def run_group(body: Annotated[RunGroup, Body()]):
+    return _json(202, flows.run_group(_user(), body))
+
+
+@app.get("/runs/<run_id>", responses={**_ok(200, RunStatus), **_errors(401, 404, 422, 503)})
+def run_status(run_id: IdPath):
+    return _json(200, runs.status(_user(), run_id))
+
+
+@app.exception_handler(BotoCoreError)
+@app.exception_handler(ClientError)
+def _workflow_service_down(exc: Exception) -> Response:
+    logger.warning("AWS call failed", exc_info=exc)
+    return _error(503, "unavailable", f"the workflow service did not answer ({type(exc).__name__}); retry shortly")
 
 
 @app.get("/openapi.json", include_in_schema=False)

@@ -2,8 +2,9 @@
 and the Lambda step handlers it invokes. CDK (infra/aws) and the embedded runtime
 (stepfunctions.local_deploy) both deploy from this list, so they cannot drift apart.
 
-Placeholders: an ASL file refers to a step function as `${<Key>Arn}` and to the payload
-bucket as `${PayloadBucket}`, the syntax of CloudFormation's DefinitionSubstitutions;
+Placeholders: an ASL file refers to a step function as `${<Key>Arn}` (and, if a
+machine lists it in extra_placeholders, to the payload bucket as `${PayloadBucket}`; the
+batch machine reads its bucket from the execution input instead), the syntax of CloudFormation's DefinitionSubstitutions;
 `stepfunctions.render.render()` fills them locally, CDK passes the same names as
 `definition_substitutions` (see `substitutions_for`).
 
@@ -88,8 +89,7 @@ BATCH_FANOUT = StateMachine(
     name="batch-fanout", definition="batch_fanout.asl.json",
     description="A large batch: Distributed Map over the S3 manifest of its chunks, then a status-polling loop "
                 "until every task has a result",
-    steps=("RouteChunk", "BatchProgress"), reads_payload_bucket=True, distributed_map=True,
-    extra_placeholders=("PayloadBucket",))
+    steps=("RouteChunk", "BatchProgress"), reads_payload_bucket=True, distributed_map=True)
 SPMD_GROUP = StateMachine(
     name="spmd-group", definition="spmd_group.asl.json",
     description="An SPMD group: init (group id, rendezvous token) -> Map over N ranks, each a task -> collect",

@@ -84,21 +84,26 @@ def invoke_handler(fn, body, request_headers, response_headers) -> bytes:
 
 
 def install() -> None:
-    """Patch moto's LambdaFunction.invoke (idempotent)."""
-    from moto.awslambda.models import LambdaFunction
+    """Patch the invoke of moto's Lambda backends (idempotent). With use_docker false moto
+    serves Lambda from LambdaSimpleBackend, whose invoke echoes; with Docker from
+    LambdaBackend. Both are patched: our handlers run either way."""
+    from moto.awslambda.models import LambdaBackend
+    from moto.awslambda_simple.models import LambdaSimpleBackend
 
-    if getattr(LambdaFunction.invoke, "_skyfn_bridge", False):
-        return
-    original = LambdaFunction.invoke
     allowed = allowed_handlers()
+    for backend in (LambdaBackend, LambdaSimpleBackend):
+        original = backend.__dict__.get("invoke")
+        if original is None or getattr(original, "_skyfn_bridge", False):
+            continue
 
-    def invoke(self, body, request_headers, response_headers):
-        if self.handler in allowed:
-            return invoke_handler(self, body, request_headers, response_headers)
-        return original(self, body, request_headers, response_headers)
+        def invoke(self, function_name, qualifier, body, headers, response_headers, _original=original):
+            fn = self.get_function(function_name, qualifier)
+            if fn.handler in allowed:
+                return invoke_handler(fn, body, headers, response_headers)
+            return _original(self, function_name, qualifier, body, headers, response_headers)
 
-    invoke._skyfn_bridge = True
-    LambdaFunction.invoke = invoke
+        invoke._skyfn_bridge = True
+        backend.invoke = invoke
 
 
 def _port(argv: list[str]) -> str | None:

@@ -102,16 +102,21 @@ MOTO_CONFIG = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use
 
 
 def start_moto(workdir: Path, port: int | None = None, detach: bool = False) -> ServerProcess:
-    """moto in server mode (DynamoDB, SQS, S3, Step Functions executing state machines)."""
+    """moto in server mode (DynamoDB, SQS, S3, Step Functions executing state machines),
+    started through stepfunctions.moto_bridge so that Lambda Task states run our step
+    handlers' real code (moto alone runs no Lambda code without Docker)."""
     import requests
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     log = open(workdir / "moto.log", "ab")
-    env = dict(os.environ, MOTO_CALL_RESET_API="false")
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=detach)
+    repo = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, MOTO_CALL_RESET_API="false", MOTO_PORT=str(port))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.Popen([sys.executable, "-m", "stepfunctions.moto_bridge", "-H", "127.0.0.1", "-p", str(port)],
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, cwd=repo,
+                            start_new_session=detach)
     log.close()
     wait_for_port(port, timeout=30, proc=proc)
     url = f"http://127.0.0.1:{port}"

@@ -127,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     apply_env(handler_env(record["redis_url"], record["aws_endpoint"], state.auth_secret(create=False) or ""))
     ensure_resources()
+    from infra.local.workflows import deploy_workflows
+
+    deploy_workflows(record["aws_endpoint"])
     service = Service(record["redis_url"], port=record["gateway_port"],
                       api_workers=tuple(record.get("api_workers", (2, 16))))
     service.start()

@@ -25,8 +25,11 @@ logger = Logger(service="skyfn-tasks", child=True)
 HISTORY_LOOKUPS = 100  # ids per status call looked up in DynamoDB when gone from Redis
 
 
-def submit(owner: str, req: SubmitTasks) -> tuple[dict[str, Any], bool]:
-    """Returns (Submitted body, replayed)."""
+def submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> tuple[dict[str, Any], bool]:
+    """Returns (Submitted body, replayed). `task_ids`, one per task, are ids assigned
+    beforehand (a batch's ids are handed out before its chunks are routed)."""
+    if task_ids is not None and len(task_ids) != len(req.tasks):
+        raise ValueError(f"{len(task_ids)} task ids for {len(req.tasks)} tasks")
     store = deps.store()
     key = req.idempotency_key
     if key:
@@ -36,7 +39,7 @@ def submit(owner: str, req: SubmitTasks) -> tuple[dict[str, Any], bool]:
         if not store.idempotent_claim(owner, key):
             raise Conflict(f"a request with idempotency key {key!r} is still being processed: retry in a moment")
     try:
-        answer = _submit(owner, req)
+        answer = _submit(owner, req, task_ids)
     except BaseException:
         if key:
             store.idempotent_release(owner, key)
@@ -46,7 +49,7 @@ def submit(owner: str, req: SubmitTasks) -> tuple[dict[str, Any], bool]:
     return answer, False
 
 
-def _submit(owner: str, req: SubmitTasks) -> dict[str, Any]:
+def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> dict[str, Any]:
     created = time.time()
     tasks = req.tasks
     default_ep = req.endpoint_id
@@ -60,7 +63,7 @@ def _submit(owner: str, req: SubmitTasks) -> dict[str, Any]:
     containers = {fid: container for fid, (_, container) in functions.items()}
 
     submission_id = new_id()
-    task_ids = new_ids(len(tasks))
+    task_ids = task_ids or new_ids(len(tasks))
     by_endpoint: dict[str, list[int]] = {}
     rows = []
     for i, (tid, t) in enumerate(zip(task_ids, tasks)):
