@@ -1,0 +1,353 @@
+"""Service stack: the handlers of lambdas/ as Lambda functions (arm64, in the VPC, the
+dependency layer with Powertools), the REST API in front of lambdas.api, the results
+queue and its dead-letter queue feeding lambdas.results, the schedules of the reaper and
+the history drain, and the alarms and dashboard that watch them.
+
+Per-endpoint task and control queues are not created here: the API creates them at
+endpoint registration (skyfn.protocol.queues.SqsQueue.ensure) under the stage's name
+prefix, so the roles that touch them are scoped to `<prefix>-tasks-*` and
+`<prefix>-control-*`. Each function's role holds only the tables, queues and secrets
+that its handler's code uses.
+"""
+from __future__ import annotations
+
+from aws_cdk import ArnFormat, Duration, Stack
+from aws_cdk import aws_apigateway as apigw
+from aws_cdk import aws_cloudwatch as cw
+from aws_cdk import aws_cloudwatch_actions as cw_actions
+from aws_cdk import aws_cognito as cognito
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_event_sources as sources
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_secretsmanager as secretsmanager
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subs
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+from infra.aws import packaging
+from infra.aws.config import (ARCHITECTURE, AUTHORIZER, FUNCTIONS, PYTHON_RUNTIME, RESULTS_BATCH_SIZE,
+                              RESULTS_BATCH_WINDOW_S, RESULTS_MAX_CONCURRENCY, DeployConfig, FunctionSpec)
+from infra.aws.stacks.common import retention
+from infra.aws.stacks.data import DataStack
+from stepfunctions import catalog
+
+# What the handlers read (lambdas/config.py); the queues are created to match.
+LEASE_SECONDS = 60
+MAX_DELIVERIES = 5
+SCHEDULE_MINUTES = {"reaper": 1, "history": 1}
+SQS_ENDPOINT_QUEUE_ACTIONS = ["sqs:CreateQueue", "sqs:GetQueueUrl", "sqs:GetQueueAttributes",
+                              "sqs:SetQueueAttributes"]
+
+
+def queue_arn(stack: Stack, name: str) -> str:
+    return stack.format_arn(service="sqs", resource=name)
+
+
+def agent_role_name(config: DeployConfig) -> str:
+    """Fixed, so the API's policy names the agent role without a cross-stack cycle."""
+    return f"{config.prefix}-agent"
+
+
+def flow_role_name(config: DeployConfig) -> str:
+    """The role of state machines compiled from flows (workflows stack), named for the same reason."""
+    return f"{config.prefix}-flow"
+
+
+class ServiceStack(Stack):
+    def __init__(self, scope: Construct, cid: str, *, config: DeployConfig, vpc: ec2.IVpc,
+                 lambda_sg: ec2.ISecurityGroup, data: DataStack, **kwargs):
+        super().__init__(scope, cid, **kwargs)
+        self.config = config
+        self.vpc, self.lambda_sg, self.data = vpc, lambda_sg, data
+        prefix = config.prefix
+        self.layer = lambda_.LayerVersion(
+            self, "Deps", code=packaging.dependency_layer_code(),
+            compatible_runtimes=[_runtime()], compatible_architectures=[_architecture()],
+            description="skyfn handlers' dependencies: Powertools, pydantic, redis, orjson, PyJWT (pinned)")
+        if config.auth == "cognito":
+            self._user_pool()
+
+        self.alarm_key = kms.Key(self, "AlarmTopicKey", enable_key_rotation=True,
+                                 description=f"{prefix}: alarm topic")
+        self.alarm_key.grant_encrypt_decrypt(iam.ServicePrincipal("cloudwatch.amazonaws.com"))
+        self.alarm_topic = sns.Topic(self, "Alarms", topic_name=f"{prefix}-alarms", master_key=self.alarm_key,
+                                     enforce_ssl=True)
+        if config.alarm_email:
+            self.alarm_topic.add_subscription(subs.EmailSubscription(config.alarm_email))
+
+        # --- queues ---------------------------------------------------------------
+        self.results_dlq = sqs.Queue(self, "ResultsDlq", queue_name=f"{prefix}-results-dlq",
+                                     encryption=sqs.QueueEncryption.SQS_MANAGED, enforce_ssl=True,
+                                     retention_period=Duration.days(14))
+        self.results_queue = sqs.Queue(
+            self, "ResultsQueue", queue_name=f"{prefix}-results", encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True, visibility_timeout=Duration.seconds(LEASE_SECONDS),
+            dead_letter_queue=sqs.DeadLetterQueue(queue=self.results_dlq, max_receive_count=MAX_DELIVERIES))
+        self.schedule_dlq = sqs.Queue(self, "ScheduleDlq", queue_name=f"{prefix}-schedule-dlq",
+                                      encryption=sqs.QueueEncryption.SQS_MANAGED, enforce_ssl=True,
+                                      retention_period=Duration.days(14))
+        self.endpoint_queue_arns = [queue_arn(self, f"{prefix}-tasks-*"), queue_arn(self, f"{prefix}-control-*")]
+
+        # --- functions ------------------------------------------------------------
+        self.functions: dict[str, lambda_.Function] = {
+            key: self.function(spec) for key, spec in FUNCTIONS.items()}
+        api_fn, results_fn = self.functions["api"], self.functions["results"]
+        reaper_fn, history_fn = self.functions["reaper"], self.functions["history"]
+        tables = data.tables
+
+        # api: registry reads/writes, task history reads; creates endpoint queues, sends
+        # task packs and cancel notices; reads their depth; (re)declares the results queue.
+        tables["functions"].grant_read_write_data(api_fn)
+        tables["endpoints"].grant_read_write_data(api_fn)
+        tables["tasks"].grant_read_data(api_fn)
+        api_fn.add_to_role_policy(self.endpoint_queue_statement(send=True))
+        api_fn.add_to_role_policy(iam.PolicyStatement(
+            sid="ResultsQueueDeclare", actions=SQS_ENDPOINT_QUEUE_ACTIONS,
+            resources=[self.results_queue.queue_arn, self.results_dlq.queue_arn]))
+        # Agent credentials: the API hands an endpoint agent a session of the agent role
+        # narrowed to its own queues (lambdas/core/agent_credentials.py).
+        self.agent_role_arn = self.format_arn(service="iam", region="", resource="role",
+                                              resource_name=agent_role_name(config))
+        api_fn.add_to_role_policy(iam.PolicyStatement(sid="AgentSessions", actions=["sts:AssumeRole"],
+                                                      resources=[self.agent_role_arn]))
+        api_fn.add_environment("SKYFN_AGENT_ROLE_ARN", self.agent_role_arn)
+        api_fn.add_environment("SKYFN_AGENT_QUEUE_ARN_PREFIX", queue_arn(self, prefix))
+        api_fn.add_environment("SKYFN_RESULTS_QUEUE_ARN", self.results_queue.queue_arn)
+        self._workflow_access(api_fn)
+
+        # results: consumes the results queue (the event source grants receive/delete).
+        results_fn.add_event_source(sources.SqsEventSource(
+            self.results_queue, batch_size=RESULTS_BATCH_SIZE,
+            max_batching_window=Duration.seconds(RESULTS_BATCH_WINDOW_S),
+            report_batch_item_failures=True, max_concurrency=RESULTS_MAX_CONCURRENCY))
+
+        # reaper: re-declares endpoint queues, drains their dead-letter queues.
+        reaper_fn.add_to_role_policy(self.endpoint_queue_statement(receive=True))
+
+        # history: bulk writes of submissions and finished tasks.
+        tables["submissions"].grant_write_data(history_fn)
+        tables["tasks"].grant_write_data(history_fn)
+        history_fn.add_environment("SKYFN_HISTORY_TTL_DAYS", str(config.history_ttl_days))
+
+        for key, minutes in SCHEDULE_MINUTES.items():
+            events.Rule(self, f"{key.capitalize()}Schedule", schedule=events.Schedule.rate(Duration.minutes(minutes)),
+                        description=f"runs {FUNCTIONS[key].handler} every {minutes} min",
+                        targets=[targets.LambdaFunction(self.functions[key], dead_letter_queue=self.schedule_dlq,
+                                                        retry_attempts=2, max_event_age=Duration.minutes(5))])
+
+        self.api = self._rest_api(api_fn)
+        self._alarms()
+        self._dashboard()
+
+    # --- building blocks ----------------------------------------------------------
+    def endpoint_queue_statement(self, send: bool = False, receive: bool = False) -> iam.PolicyStatement:
+        """Declare (create if missing, read and align attributes) the stage's endpoint
+        queues; optionally send task packs to them or drain them (dead letters)."""
+        actions = list(SQS_ENDPOINT_QUEUE_ACTIONS)
+        if send:
+            actions.append("sqs:SendMessage")
+        if receive:
+            actions += ["sqs:ReceiveMessage", "sqs:DeleteMessage"]
+        return iam.PolicyStatement(sid="EndpointQueues", actions=actions, resources=self.endpoint_queue_arns)
+
+    def _workflow_access(self, api_fn: lambda_.Function) -> None:
+        """The API starts the catalog's state machines, creates the state machines of
+        flows under `<prefix>-flow-*` with the flow role, and stages batches in the
+        bucket. ARNs are built from the fixed names (the workflows stack depends on this one)."""
+        p = self.config.prefix
+        colon = ArnFormat.COLON_RESOURCE_NAME
+        machines = [catalog.machine_name(p, m) for m in catalog.MACHINES.values()]
+        flow_machines = f"{p}-{catalog.FLOW_MACHINE_PREFIX}-*"
+        machine_arns = [self.format_arn(service="states", resource="stateMachine", resource_name=n, arn_format=colon)
+                        for n in [*machines, flow_machines]]
+        execution_arns = [self.format_arn(service="states", resource="execution", resource_name=f"{n}:*",
+                                          arn_format=colon) for n in [*machines, flow_machines]]
+        flow_role_arn = self.format_arn(service="iam", region="", resource="role", resource_name=flow_role_name(self.config))
+        api_fn.add_to_role_policy(iam.PolicyStatement(sid="StartWorkflows", actions=["states:StartExecution"],
+                                                      resources=machine_arns))
+        api_fn.add_to_role_policy(iam.PolicyStatement(
+            sid="WatchWorkflows", actions=["states:DescribeExecution", "states:GetExecutionHistory",
+                                           "states:StopExecution"], resources=execution_arns))
+        api_fn.add_to_role_policy(iam.PolicyStatement(
+            sid="CompileFlows", actions=["states:CreateStateMachine", "states:UpdateStateMachine",
+                                         "states:DescribeStateMachine", "states:TagResource"],
+            resources=[machine_arns[-1]]))
+        api_fn.add_to_role_policy(iam.PolicyStatement(
+            sid="PassFlowRole", actions=["iam:PassRole"], resources=[flow_role_arn],
+            conditions={"StringEquals": {"iam:PassedToService": "states.amazonaws.com"}}))
+        self.data.bucket.grant_read_write(api_fn)
+        run_task = next(s for s in catalog.STEPS.values() if s.key == "RunTask")
+        env = {
+            "SKYFN_BATCH_FANOUT_ARN": machine_arns[machines.index(catalog.machine_name(p, catalog.BATCH_FANOUT))],
+            "SKYFN_SPMD_GROUP_ARN": machine_arns[machines.index(catalog.machine_name(p, catalog.SPMD_GROUP))],
+            "SKYFN_RUN_TASK_FUNCTION_ARN": self.format_arn(
+                service="lambda", resource="function", resource_name=catalog.function_name(p, run_task),
+                arn_format=colon),
+            "SKYFN_FLOW_ROLE_ARN": flow_role_arn,
+            "SKYFN_STATE_MACHINE_PREFIX": p,
+        }
+        missing = sorted(set(catalog.API_ENV) - set(env) - {"SKYFN_BUCKET"})
+        if missing:
+            raise RuntimeError(f"stepfunctions.catalog.API_ENV names {missing}, which the service stack does not set")
+        for name, value in env.items():
+            api_fn.add_environment(name, value)
+
+    def environment(self) -> dict[str, str]:
+        """The variables lambdas/config.py reads, for this deployment."""
+        c, d = self.config, self.data
+        return {
+            "SKYFN_REDIS_URL": d.redis_url,
+            "SKYFN_QUEUE_KIND": "sqs",
+            "SKYFN_TABLE_PREFIX": c.prefix,
+            "SKYFN_SQS_PREFIX": c.prefix,
+            "SKYFN_BUCKET": d.bucket.bucket_name,
+            "SKYFN_AUTH_PROVIDER": c.auth,
+            "SKYFN_AUTH_ISSUER": self.auth_issuer,
+            "SKYFN_LEASE_SECONDS": str(LEASE_SECONDS),
+            "SKYFN_MAX_DELIVERIES": str(MAX_DELIVERIES),
+            "POWERTOOLS_METRICS_NAMESPACE": "skyfn",
+            "POWERTOOLS_LOG_LEVEL": "INFO",
+            "POWERTOOLS_TRACE_DISABLED": "true",
+        }
+
+    @property
+    def auth_issuer(self) -> str:
+        if self.config.auth == "globus":
+            return self.config.globus_issuer
+        return f"https://cognito-idp.{self.region}.amazonaws.com/{self.user_pool.user_pool_id}"
+
+    def function(self, spec: FunctionSpec, scope: Construct | None = None, extra_env: dict[str, str] | None = None,
+                 secrets: dict[str, secretsmanager.ISecret] | None = None,
+                 function_name: str | None = None) -> lambda_.Function:
+        """A handler of lambdas/ with the shared code, layer, VPC placement and env. Its
+        role starts with only logs, X-Ray, VPC networking and the secrets it reads:
+        the Redis AUTH token and `secrets` (env name -> secret), which
+        lambdas/core/secret_env.py loads into the environment at cold start, so secret
+        values never sit in the function's configuration."""
+        scope = scope or self
+        secrets = {"SKYFN_REDIS_PASSWORD": self.data.redis_token, **(secrets or {})}
+        function_name = function_name or f"{self.config.prefix}-{spec.key}"
+        cid = "".join(part[:1].upper() + part[1:] for part in spec.key.split("-"))
+        log_group = logs.LogGroup(scope, f"{cid}Logs", log_group_name=f"/aws/lambda/{function_name}",
+                                  retention=retention(self.config.log_retention_days))
+        fn = lambda_.Function(
+            scope, f"{cid}Function", function_name=function_name,
+            description=spec.description, runtime=_runtime(), architecture=_architecture(),
+            handler=spec.handler, code=packaging.function_code(), layers=[self.layer], memory_size=spec.memory_mb,
+            timeout=Duration.seconds(spec.timeout_s), reserved_concurrent_executions=spec.reserved_concurrency,
+            vpc=self.vpc, vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
+            security_groups=[self.lambda_sg], tracing=lambda_.Tracing.ACTIVE, log_group=log_group,
+            environment={**self.environment(), "POWERTOOLS_SERVICE_NAME": f"skyfn-{spec.key}",
+                         "SKYFN_SECRET_ENV": Stack.of(scope).to_json_string(
+                             {name: secret.secret_arn for name, secret in secrets.items()}),
+                         **(extra_env or {})})
+        for secret in secrets.values():
+            secret.grant_read(fn)
+        return fn
+
+    def _user_pool(self) -> None:
+        self.user_pool = cognito.UserPool(
+            self, "Users", user_pool_name=f"{self.config.prefix}-users", self_sign_up_enabled=False,
+            sign_in_aliases=cognito.SignInAliases(email=True), auto_verify=cognito.AutoVerifiedAttrs(email=True),
+            mfa=cognito.Mfa.OPTIONAL, mfa_second_factor=cognito.MfaSecondFactor(sms=False, otp=True),
+            password_policy=cognito.PasswordPolicy(min_length=12, require_symbols=True),
+            account_recovery=cognito.AccountRecovery.EMAIL_ONLY,
+            feature_plan=cognito.FeaturePlan.ESSENTIALS)
+        self.user_pool_client = self.user_pool.add_client(
+            "Sdk", user_pool_client_name=f"{self.config.prefix}-sdk", generate_secret=False,
+            auth_flows=cognito.AuthFlow(user_srp=True), prevent_user_existence_errors=True)
+
+    def _authorizer(self) -> apigw.IAuthorizer:
+        if self.config.auth == "cognito":
+            return apigw.CognitoUserPoolsAuthorizer(self, "CognitoAuthorizer", cognito_user_pools=[self.user_pool],
+                                                    results_cache_ttl=Duration.minutes(5))
+        fn = self.function(AUTHORIZER, extra_env={"SKYFN_AUTH_AUDIENCE": self.config.globus_audience or ""})
+        self.functions["authorizer"] = fn
+        return apigw.TokenAuthorizer(self, "GlobusAuthorizer", handler=fn, results_cache_ttl=Duration.minutes(5),
+                                     validation_regex=r"^Bearer [-0-9A-Za-z._~+/]+=*$")
+
+    def _rest_api(self, api_fn: lambda_.Function) -> apigw.RestApi:
+        access_logs = logs.LogGroup(self, "ApiAccessLogs", retention=retention(self.config.log_retention_days))
+        api = apigw.RestApi(
+            self, "Api", rest_api_name=f"{self.config.prefix}-api", cloud_watch_role=True,
+            endpoint_types=[apigw.EndpointType.REGIONAL],
+            description="skyfn REST API (lambdas/api.py; OpenAPI at GET /openapi.json)",
+            deploy_options=apigw.StageOptions(
+                stage_name=self.config.stage, throttling_rate_limit=self.config.api_rate_limit,
+                throttling_burst_limit=self.config.api_burst_limit, tracing_enabled=True, metrics_enabled=True,
+                access_log_destination=apigw.LogGroupLogDestination(access_logs),
+                access_log_format=apigw.AccessLogFormat.json_with_standard_fields(
+                    caller=False, http_method=True, ip=True, protocol=True, request_time=True,
+                    resource_path=True, response_length=True, status=True, user=True)))
+        integration = apigw.LambdaIntegration(api_fn, proxy=True)
+        authorizer = self._authorizer()
+        api.root.add_method("ANY", integration, authorizer=authorizer)
+        api.root.add_resource("{proxy+}").add_method("ANY", integration, authorizer=authorizer)
+        # The OpenAPI document is the one public route (lambdas.api.PUBLIC_PATHS).
+        api.root.add_resource("openapi.json").add_method("GET", integration,
+                                                         authorization_type=apigw.AuthorizationType.NONE)
+        return api
+
+    def _alarms(self) -> None:
+        action = cw_actions.SnsAction(self.alarm_topic)
+        self.alarms: list[cw.Alarm] = []
+
+        def alarm(cid: str, metric: cw.Metric, threshold: float, description: str) -> None:
+            a = metric.create_alarm(self, cid, threshold=threshold, evaluation_periods=1,
+                                    comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                                    treat_missing_data=cw.TreatMissingData.NOT_BREACHING, alarm_description=description)
+            a.add_alarm_action(action)
+            self.alarms.append(a)
+
+        five = Duration.minutes(5)
+        for key, fn in self.functions.items():
+            name = key.capitalize()
+            alarm(f"{name}Errors", fn.metric_errors(period=five, statistic="Sum"), 1,
+                  f"{fn.function_name}: invocations failed")
+            alarm(f"{name}Throttles", fn.metric_throttles(period=five, statistic="Sum"), 1,
+                  f"{fn.function_name}: invocations throttled (reserved concurrency or account limit)")
+        for cid, queue in (("ResultsDlqDepth", self.results_dlq), ("ScheduleDlqDepth", self.schedule_dlq)):
+            alarm(cid, queue.metric_approximate_number_of_messages_visible(period=five, statistic="Maximum"), 1,
+                  f"{cid}: messages were dead-lettered")
+        alarm("ResultsBacklogAge", self.results_queue.metric_approximate_age_of_oldest_message(
+            period=five, statistic="Maximum"), 300, "results wait more than 5 minutes to be applied")
+        alarm("Api5xx", self.api.metric_server_error(period=five, statistic="Sum"), 1,
+              "the API answered 5xx (the service answers bad input with 4xx)")
+
+    def _dashboard(self) -> None:
+        board = cw.Dashboard(self, "Dashboard", dashboard_name=f"{self.config.prefix}-service")
+        five = Duration.minutes(5)
+        board.add_widgets(
+            cw.GraphWidget(title="API requests and errors", width=12, left=[
+                self.api.metric_count(period=five), self.api.metric_client_error(period=five),
+                self.api.metric_server_error(period=five)]),
+            cw.GraphWidget(title="API latency (p50, p99)", width=12, left=[
+                self.api.metric_latency(period=five, statistic="p50"),
+                self.api.metric_latency(period=five, statistic="p99")]))
+        board.add_widgets(
+            cw.GraphWidget(title="Lambda invocations", width=8,
+                           left=[fn.metric_invocations(period=five) for fn in self.functions.values()]),
+            cw.GraphWidget(title="Lambda errors and throttles", width=8,
+                           left=[fn.metric_errors(period=five) for fn in self.functions.values()]
+                           + [fn.metric_throttles(period=five) for fn in self.functions.values()]),
+            cw.GraphWidget(title="Lambda duration p99", width=8,
+                           left=[fn.metric_duration(period=five, statistic="p99") for fn in self.functions.values()]))
+        board.add_widgets(
+            cw.GraphWidget(title="Results queue", width=12, left=[
+                self.results_queue.metric_approximate_number_of_messages_visible(period=five),
+                self.results_queue.metric_approximate_age_of_oldest_message(period=five)]),
+            cw.AlarmStatusWidget(title="Alarms", width=12, alarms=self.alarms))
+
+
+def _runtime() -> lambda_.Runtime:
+    return {"python3.11": lambda_.Runtime.PYTHON_3_11, "python3.12": lambda_.Runtime.PYTHON_3_12}[PYTHON_RUNTIME]
+
+
+def _architecture() -> lambda_.Architecture:
+    return lambda_.Architecture.ARM_64 if ARCHITECTURE == "arm64" else lambda_.Architecture.X86_64

@@ -1,0 +1,110 @@
+"""Workflows stack: the state machines of stepfunctions/catalog.py with their Lambda step
+functions, deployed from the same ASL files the embedded runtime runs.
+
+- Each step of the catalog becomes a function named `catalog.function_name(prefix, step)`
+  with the service's code, layer, VPC placement and environment, plus the grants its
+  `needs` declare (redis, s3, dynamodb, rendezvous_secret) and the environment it reads.
+- Each machine gets its own role that may invoke only its own steps' functions (plus
+  reading the payload bucket for an S3 ItemReader, and starting/describing/stopping its
+  own child executions for a Distributed Map), a log group (level ALL, without execution
+  data: payloads may be private) and X-Ray tracing. ASL placeholders are CloudFormation
+  DefinitionSubstitutions (`catalog.substitutions_for`).
+- The flow role (`<prefix>-flow`): the role the API gives the state machines it compiles
+  from `skyfn.flows` at run time; it may invoke the RunTask function only.
+"""
+from __future__ import annotations
+
+from aws_cdk import ArnFormat, Stack
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_stepfunctions as sfn
+from constructs import Construct
+
+from infra.aws.config import DeployConfig, FunctionSpec
+from infra.aws.stacks.common import retention
+from infra.aws.stacks.data import DataStack
+from infra.aws.stacks.service import ServiceStack, flow_role_name
+from stepfunctions import catalog
+
+# Steps whose handlers submit tasks through the service core (lambdas/core/tasks.submit):
+# they declare (create if missing) endpoint task queues and send task packs to them.
+SUBMITTING_STEPS = frozenset({"RouteChunk", "RunTask"})
+
+
+class WorkflowsStack(Stack):
+    def __init__(self, scope: Construct, cid: str, *, config: DeployConfig, data: DataStack,
+                 service: ServiceStack, rendezvous_address: str, **kwargs):
+        super().__init__(scope, cid, **kwargs)
+        self.functions = {}
+        for key, step in catalog.STEPS.items():
+            spec = FunctionSpec(key=f"wf-{key}", handler=step.handler, memory_mb=step.memory_mb,
+                                timeout_s=step.timeout_seconds, reserved_concurrency=None,
+                                description=step.description)
+            env = {}
+            if "SKYFN_RENDEZVOUS_ADDRESS" in step.env:
+                env["SKYFN_RENDEZVOUS_ADDRESS"] = rendezvous_address
+            secrets = {}
+            if "rendezvous_secret" in step.needs:
+                secrets["SKYFN_RENDEZVOUS_SECRET"] = data.rendezvous_secret
+            fn = service.function(spec, scope=self, extra_env=env, secrets=secrets,
+                                  function_name=catalog.function_name(config.prefix, step))
+            if "s3" in step.needs:
+                data.bucket.grant_read_write(fn)
+            if "dynamodb" in step.needs:
+                for table in ("functions", "endpoints", "tasks"):
+                    data.tables[table].grant_read_data(fn)
+            if key in SUBMITTING_STEPS:
+                fn.add_to_role_policy(service.endpoint_queue_statement(send=True))
+            self.functions[key] = fn
+
+        self.machines: dict[str, sfn.StateMachine] = {}
+        for name, machine in catalog.MACHINES.items():
+            self.machines[name] = self._machine(config, data, machine)
+
+        self.flow_role = iam.Role(self, "FlowRole", role_name=flow_role_name(config),
+                                  assumed_by=iam.ServicePrincipal("states.amazonaws.com"),
+                                  description="state machines compiled from skyfn.flows: invoke RunTask only")
+        for key in catalog.FLOW_STEPS:
+            self.functions[key].grant_invoke(self.flow_role)
+        _allow_logs_and_tracing(self.flow_role)
+
+    def _machine(self, config: DeployConfig, data: DataStack, machine: catalog.StateMachine) -> sfn.StateMachine:
+        cid = "".join(part.capitalize() for part in machine.name.split("-"))
+        full_name = catalog.machine_name(config.prefix, machine)
+        role = iam.Role(self, f"{cid}Role", assumed_by=iam.ServicePrincipal("states.amazonaws.com"),
+                        description=f"{full_name}: invokes only its own steps")
+        for key in machine.steps:
+            self.functions[key].grant_invoke(role)
+        if machine.reads_payload_bucket:
+            data.bucket.grant_read(role)
+        if machine.distributed_map:
+            role.add_to_policy(iam.PolicyStatement(
+                sid="DistributedMapChildren", actions=["states:StartExecution"],
+                resources=[self.format_arn(service="states", resource="stateMachine", resource_name=full_name,
+                                           arn_format=ArnFormat.COLON_RESOURCE_NAME)]))
+            role.add_to_policy(iam.PolicyStatement(
+                sid="DistributedMapExecutions", actions=["states:DescribeExecution", "states:StopExecution"],
+                resources=[self.format_arn(service="states", resource="execution", resource_name=f"{full_name}/*",
+                                           arn_format=ArnFormat.COLON_RESOURCE_NAME)]))
+        log_group = logs.LogGroup(self, f"{cid}Logs", log_group_name=f"/aws/vendedlogs/states/{full_name}",
+                                  retention=retention(config.log_retention_days))
+        arns = {key: self.functions[key].function_arn for key in machine.steps}
+        return sfn.StateMachine(
+            self, cid, state_machine_name=full_name, comment=machine.description,
+            definition_body=sfn.DefinitionBody.from_file(str(machine.path)),
+            definition_substitutions=catalog.substitutions_for(machine, arns, data.bucket.bucket_name),
+            state_machine_type=sfn.StateMachineType[machine.type], role=role, tracing_enabled=True,
+            logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=False))
+
+
+def _allow_logs_and_tracing(role: iam.Role) -> None:
+    """What Step Functions needs to deliver execution logs and X-Ray segments (these APIs
+    take no resource-level permissions)."""
+    role.add_to_policy(iam.PolicyStatement(sid="LogDelivery", actions=[
+        "logs:CreateLogDelivery", "logs:GetLogDelivery", "logs:UpdateLogDelivery", "logs:DeleteLogDelivery",
+        "logs:ListLogDeliveries", "logs:PutResourcePolicy", "logs:DescribeResourcePolicies",
+        "logs:DescribeLogGroups"], resources=["*"]))
+    role.add_to_policy(iam.PolicyStatement(sid="Tracing", actions=[
+        "xray:PutTraceSegments", "xray:PutTelemetryRecords", "xray:GetSamplingRules", "xray:GetSamplingTargets"],
+        resources=["*"]))
+
