@@ -52,7 +52,9 @@ def _positive_seconds(name: str, value: float) -> float:
     return value
 
 
-def _as_reducible(array: Any, what: str) -> np.ndarray:
+def _as_reducible(array: Any, what: str) -> tuple[np.ndarray, tuple]:
+    """(C-contiguous native-endian array, original shape); ascontiguousarray makes 0-d 1-d."""
+    shape = np.shape(array)
     arr = np.ascontiguousarray(array)
     dt = arr.dtype
     if dt.kind in "iuf" and not dt.isnative:
@@ -61,7 +63,7 @@ def _as_reducible(array: Any, what: str) -> np.ndarray:
     if dt not in _DTYPES:
         raise TypeError(f"{what} works on int32, int64, float32 and float64 arrays, got dtype "
                         f"{dt}: convert first, e.g. array.astype(numpy.float64)")
-    return arr
+    return arr, shape
 
 
 def _op_code(op: str) -> int:
@@ -276,20 +278,20 @@ class Communicator:
         """Element-wise reduction (``op``: sum, min, max, prod) of a numpy int32, int64,
         float32 or float64 array over all ranks (same shape and dtype everywhere). Root gets
         an array of that dtype and shape; other ranks get None. Integer sums wrap around."""
-        arr = _as_reducible(array, "reduce")
+        arr, shape = _as_reducible(array, "reduce")
         code = _op_code(op)
         buf = self._core.reduce(arr, arr.size, _DTYPES[arr.dtype], code,
                                 self._check_rank(root, "root"))
         if buf is None:
             return None
-        return np.frombuffer(buf, dtype=arr.dtype).reshape(arr.shape)
+        return np.frombuffer(buf, dtype=arr.dtype).reshape(shape)
 
     def allreduce(self, array: Any, op: str = "sum") -> np.ndarray:
         """Like reduce, with the result on every rank (bit-identical everywhere)."""
-        arr = _as_reducible(array, "allreduce")
+        arr, shape = _as_reducible(array, "allreduce")
         code = _op_code(op)
         buf = self._core.allreduce(arr, arr.size, _DTYPES[arr.dtype], code)
-        return np.frombuffer(buf, dtype=arr.dtype).reshape(arr.shape)
+        return np.frombuffer(buf, dtype=arr.dtype).reshape(shape)
 
 
 __all__ = ["Buffer", "CommError", "Communicator", "Request"]
