@@ -102,7 +102,8 @@ def _child(host, port, secret, seconds, concurrency, start_at, tag, out):
 def pairings_per_second(host: str, port: int, secret: str, seconds: float = 3.0,
                         processes: Optional[int] = None, concurrency: int = 64) -> float:
     """Completed pairings per second against the server at host:port (which must use `secret`)."""
-    processes = processes or max(1, min(2, os.cpu_count() or 1))
+    # One core for the server, the others for load (at least one client process, at most 4).
+    processes = processes or max(1, min(4, (os.cpu_count() or 1) - 1))
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     start_at = time.time() + 1.0 + 0.3 * processes   # let every child start before the clock runs

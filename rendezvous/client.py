@@ -41,9 +41,9 @@ def parse_address(address: Address) -> Tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def reuse_socket(bind: Optional[Tuple[str, int]] = None) -> socket.socket:
+def reuse_socket(bind: Optional[Tuple[str, int]] = None, family: int = socket.AF_INET) -> socket.socket:
     """A TCP socket with SO_REUSEADDR and SO_REUSEPORT set before bind (hole punching shares the port)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if hasattr(socket, "SO_REUSEPORT"):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
@@ -104,10 +104,12 @@ def _deadline(timeout: Optional[float]) -> Optional[float]:
 
 
 def _connect(address: Address, timeout: Optional[float], bind) -> socket.socket:
-    sock = reuse_socket(bind)
+    host, port = parse_address(address)
+    family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = reuse_socket(bind, family)
     sock.settimeout(timeout)
     try:
-        sock.connect(parse_address(address))
+        sock.connect(sockaddr)
     except BaseException:
         sock.close()
         raise

@@ -20,9 +20,9 @@ from rendezvous.client import RendezvousError
 SECRET = "test-secret"
 
 
-@pytest.fixture(scope="module")
-def server():
-    handle = rendezvous.serve_in_thread("127.0.0.1", 0, SECRET)
+@pytest.fixture(scope="module", params=["uvloop", "asyncio"])
+def server(request):
+    handle = rendezvous.serve_in_thread("127.0.0.1", 0, SECRET, loop=request.param)
     yield handle
     handle.stop()
 
@@ -158,6 +158,17 @@ def test_group_of_one(server, gid):
         assert (s.rank, s.size) == (0, 1)
         assert s.peers == [s.local_address]
         assert s.barrier() == 0
+
+
+def test_ipv6_listener_and_peers(gid):
+    try:
+        handle = rendezvous.serve_in_thread("::1", 0, SECRET)
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    with handle:
+        g = gid()
+        with client.join(f"[::1]:{handle.port}", g, tok(g), 1) as s:
+            assert s.peers == [("::1", s.local_address[1])]
 
 
 # ---- tokens and malformed input never disturb other groups -------------------------------
@@ -338,11 +349,13 @@ def test_result_is_accepted_and_bye_closes(server, gid):
 
 # ---- relay ---------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module", params=["splice", "python"])
+@pytest.fixture(scope="module", params=[("uvloop", "splice"), ("asyncio", "splice"), ("uvloop", "python"),
+                                        ("asyncio", "python")], ids="-".join)
 def relay_server(request):
-    """Relays are spliced in the kernel (splice(2)) or forwarded through Python: test both."""
-    handle = rendezvous.serve_in_thread("127.0.0.1", 0, SECRET,
-                                        limits=Limits(zero_copy_relay=request.param == "splice"))
+    """Relays are spliced in the kernel (splice(2)) or forwarded through Python: test both, on both loops."""
+    loop, mode = request.param
+    handle = rendezvous.serve_in_thread("127.0.0.1", 0, SECRET, loop=loop,
+                                        limits=Limits(zero_copy_relay=mode == "splice"))
     yield handle
     handle.stop()
 
