@@ -73,3 +73,30 @@ test-cpp: install
 .PHONY: bench-placement
 bench-placement: install
 	$(PY) -m benchmarks.placement --json
+
+# issue 5: AWS (CDK, infra/aws) — its own virtualenv .venv/cdk (aws-cdk-lib's jsii pins
+# typeguard 2, parsl needs 4), the CDK CLI pinned in package-lock.json (npm ci), `make synth`
+# (every stack into cdk.out; the Lambda layer's wheels are fetched once into build/aws/wheels,
+# offline afterwards; no Docker), cfn-lint on the templates, tests/aws, the cost model.
+CDK_VENV := $(VENV)/cdk
+CDK_STAMP := $(CDK_VENV)/.installed
+CDK := CDK_DISABLE_CLI_TELEMETRY=true JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=20 node_modules/.bin/cdk
+.PHONY: cdk-venv synth cdk-lint test-aws bench-cost
+cdk-venv: $(CDK_STAMP)
+$(CDK_STAMP): requirements-aws.txt
+	$(PYTHON) -m venv $(CDK_VENV)
+	$(CDK_VENV)/bin/python -m pip install -q --upgrade pip
+	$(CDK_VENV)/bin/python -m pip install -q -r requirements-aws.txt
+	touch $(CDK_STAMP)
+node_modules/.bin/cdk: package.json package-lock.json
+	npm ci --no-audit --no-fund
+	touch node_modules/.bin/cdk
+synth: cdk-venv node_modules/.bin/cdk
+	$(CDK) synth --no-notices --quiet $(CDK_ARGS)
+cdk-lint: synth
+	$(CDK_VENV)/bin/cfn-lint --non-zero-exit-code error -- cdk.out/*.template.json
+test-aws: cdk-venv
+	CDK_DISABLE_CLI_TELEMETRY=true $(CDK_VENV)/bin/python -m pytest -q tests/aws
+test: cdk-venv
+bench-cost: install
+	$(PY) -m benchmarks.cost --json

@@ -21,6 +21,7 @@ class Settings:
     unretrieved_ttl: float
     history_batch: int
     sqs_queue_prefix: str
+    history_ttl_days: float = 0.0  # 0: the durable history never expires
 
     def task_queue_name(self, endpoint_id: str) -> str:
         if self.queue_kind == "sqs":
@@ -52,7 +53,8 @@ def settings() -> Settings:
     kind = os.environ.get("SKYFN_QUEUE_KIND", "redis")
     if kind not in ("redis", "sqs"):
         raise RuntimeError(f"SKYFN_QUEUE_KIND={kind!r}: allowed values are 'redis' and 'sqs'")
-    redis_url = os.environ.get("SKYFN_REDIS_URL", "redis://127.0.0.1:6379/0")
+    redis_url = with_password(os.environ.get("SKYFN_REDIS_URL", "redis://127.0.0.1:6379/0"),
+                              os.environ.get("SKYFN_REDIS_PASSWORD", ""))
     prefix = os.environ.get("SKYFN_TABLE_PREFIX", "skyfn")
     return Settings(
         redis_url=redis_url,
@@ -68,4 +70,22 @@ def settings() -> Settings:
         unretrieved_ttl=_float("SKYFN_UNRETRIEVED_TTL", 7 * 24 * 3600.0),
         history_batch=int(_float("SKYFN_HISTORY_BATCH", 500)),
         sqs_queue_prefix=os.environ.get("SKYFN_SQS_PREFIX", prefix),
+        history_ttl_days=_float("SKYFN_HISTORY_TTL_DAYS", 0.0),
     )
+
+
+def with_password(url: str, password: str) -> str:
+    """`url` with its password set (SKYFN_REDIS_PASSWORD: in AWS the AUTH token of
+    ElastiCache, loaded from Secrets Manager, kept out of SKYFN_REDIS_URL)."""
+    if not password:
+        return url
+    from urllib.parse import quote, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{quote(parts.username or '', safe='')}:{quote(password, safe='')}@{host}"
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))

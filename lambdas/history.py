@@ -4,6 +4,8 @@ endpoint, states with timestamps, reason). At-least-once: a failed write puts th
 entries back; writes are idempotent puts."""
 from __future__ import annotations
 
+import time
+
 import orjson
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -26,6 +28,16 @@ def _task_item(rec: dict[str, str]) -> dict:
     }
 
 
+def _expiring(items: list[dict], now: float) -> list[dict]:
+    """Items with `expires_at` (epoch seconds, DynamoDB TTL) when a TTL is configured."""
+    days = settings().history_ttl_days
+    if days > 0:
+        expires = int(now + days * 86400)
+        for item in items:
+            item["expires_at"] = expires
+    return items
+
+
 def flush(limit: int | None = None) -> dict[str, int]:
     store = deps.store()
     entries = store.outbox_take(limit or settings().history_batch)
@@ -35,7 +47,8 @@ def flush(limit: int | None = None) -> dict[str, int]:
     task_ids = [e for e in entries if not e.startswith("sub:")]
     records = store.records(task_ids)
     try:
-        deps.dynamo().write_bulk(submissions, [_task_item(r) for r in records])
+        now = time.time()
+        deps.dynamo().write_bulk(_expiring(submissions, now), _expiring([_task_item(r) for r in records], now))
     except Exception:
         store.outbox_return(entries)
         raise
