@@ -21,6 +21,9 @@ log = logging.getLogger("rendezvous")
 
 # Bytes a relay half may send before its partner arrives (it should send none).
 _RELAY_EARLY_LIMIT = 64 * 1024
+# After ERROR the server half-closes and discards input for this long before closing: closing
+# with unread input would send a reset, and the peer could lose the ERROR line.
+_LINGER_S = 1.0
 # BARRIERs one connection may have outstanding (a client waits for each; this bounds memory).
 _MAX_PENDING_BARRIERS = 16
 # Write buffer limits of spliced relay connections: big enough for full-speed streaming,
@@ -201,15 +204,19 @@ class Connection(asyncio.Protocol):
         log.info("error %s to %s:%d: %s", code, self.address[0], self.address[1], reason)
         self.server.stats["errors"] += 1
         self.transport.write(P.error(code, reason))
-        self.drop()
+        self.drop(linger=True)
 
-    def drop(self) -> None:
+    def drop(self, linger: bool = False) -> None:
         """Close, and leave the group at once (not at connection_lost: barriers must see it now)."""
         self.closed = True
-        self.transport.close()
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        if linger and self.transport.can_write_eof():
+            self.transport.write_eof()        # input is discarded until the peer closes or time is up
+            self.timer = self.server.loop.call_later(_LINGER_S, self.transport.close)
+        else:
+            self.transport.close()
         if self.group is not None:
             self.server.leave(self)
         elif self.relay_key is not None and self.server.relays.get(self.relay_key) is self:

@@ -218,6 +218,12 @@ def test_malformed_lines_get_an_error_and_close(server, gid, payload, code, frag
     last.close()
 
 
+def test_error_survives_a_peer_that_keeps_sending(server):
+    """The server half-closes and drains after ERROR, so no reset destroys the ERROR line."""
+    got = raw_exchange((server.host, server.port), b"HELLO\n" + b"junk\n" * 400_000)
+    assert got == b"ERROR malformed unknown command 'HELLO': expected JOIN, RELAY, BARRIER, RESULT or BYE\n"
+
+
 def test_a_misordered_token_is_not_echoed(server, gid):
     g = gid()
     t = tok(g)

@@ -89,6 +89,35 @@ def test_concurrent_rank_assignment_in_groups_of_8_with_intruders(server_proc, u
         assert isinstance(res, RendezvousError) and res.code == "bad_token"
 
 
+def test_flood_of_garbage_does_not_disturb_groups(server_proc, unique):
+    """500 hostile connections (binary junk, endless lines) at once with 100 real pairs."""
+    host, port = server_proc.host, server_proc.port
+
+    async def hostile(i):
+        reader, writer = await asyncio.open_connection(host, port)
+        junk = os.urandom(200).replace(b"\n", b"") + b"\n" if i % 2 else b"JOIN " + b"x" * 3000
+        writer.write(junk)
+        answer = await asyncio.wait_for(reader.read(), 60)     # until the server closes
+        writer.close()
+        return answer
+
+    async def go():
+        peers = []
+        for i in range(100):
+            g = f"amid-{unique}-{i}"
+            t = make_token(SECRET, g)
+            peers += [(g, t, 2, -1)] * 2
+        results = await asyncio.gather(*(hostile(i) for i in range(500)), _join_all(server_proc.address, peers))
+        sessions = results[-1]
+        for res in sessions:
+            if not isinstance(res, BaseException):
+                res.close()
+        return peers, results[:-1], sessions
+    peers, answers, sessions = asyncio.run(go())
+    assert all(a.startswith(b"ERROR malformed ") and a.count(b"\n") == 1 for a in answers)
+    assert len(_check_groups(peers, sessions)) == 100
+
+
 def test_barriers_of_many_groups_concurrently(server_proc, unique):
     async def go():
         peers = []
