@@ -25,7 +25,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--join-timeout", type=float, default=60.0,
                    help="seconds a group (or a relay half) may wait for its peers (default 60)")
     p.add_argument("--max-connections", type=int, default=16000, help="open connections at most")
-    p.add_argument("--max-groups", type=int, default=8000, help="groups held at once at most")
+    p.add_argument("--max-groups", type=int, default=8000, help="groups still filling at once at most")
     p.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
                    help="event loop (auto: uvloop when installed)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))

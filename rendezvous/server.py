@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import socket
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple, Union
 
 from . import protocol as P
@@ -32,17 +33,15 @@ _SPLICE_HIGH = 4 * 1024 * 1024
 _SPLICE_LOW = 1024 * 1024
 
 
+@dataclass
 class Limits:
-    """Bounds that let one server survive floods (every one answers ERROR busy when hit)."""
+    """Bounds that let one server survive floods (hitting one answers ERROR busy)."""
 
-    def __init__(self, max_connections: int = 16000, max_groups: int = 8000, join_timeout_s: float = 60.0,
-                 first_line_timeout_s: float = 10.0, zero_copy_relay: bool = True):
-        self.max_connections = max_connections
-        # splice(2) relays where the platform has it; False forwards through Python.
-        self.zero_copy_relay = zero_copy_relay
-        self.max_groups = max_groups
-        self.join_timeout_s = join_timeout_s
-        self.first_line_timeout_s = first_line_timeout_s
+    max_connections: int = 16000          # open connections (control, relay, spliced) at most
+    max_groups: int = 8000                # groups still filling at most (complete ones hold connections)
+    join_timeout_s: float = 60.0          # a group, or a relay half, waits this long for its peers
+    first_line_timeout_s: float = 10.0    # for the JOIN or RELAY line of a new connection
+    zero_copy_relay: bool = True          # splice(2) relays where the platform has it; else Python forwarding
 
 
 class Group:
@@ -265,6 +264,7 @@ class RendezvousServer:
         self.groups: Dict[str, Group] = {}
         self.relays: Dict[Tuple[str, int, int], Connection] = {}
         self.connections = 0
+        self.filling = 0              # groups not complete yet (complete ones are bounded by connections)
         self.spliced_sockets = 0
         self._pairs: set = set()
         self.loop: Optional[asyncio.AbstractEventLoop] = None
@@ -314,10 +314,11 @@ class RendezvousServer:
             return
         group = self.groups.get(msg.group)
         if group is None:
-            if len(self.groups) >= self.limits.max_groups:
-                conn.fail(P.BUSY, f"server holds {self.limits.max_groups} groups; retry later")
+            if self.filling >= self.limits.max_groups:
+                conn.fail(P.BUSY, f"server has {self.limits.max_groups} groups still filling; retry later")
                 return
             group = self.groups[msg.group] = Group(msg.group, size)
+            self.filling += 1
             group.timer = self.loop.call_later(self.limits.join_timeout_s, self._group_timeout, group)
         elif group.size != size:
             conn.fail(P.SIZE_MISMATCH, f"group {msg.group} has size {group.size}, this JOIN says {size}")
@@ -341,6 +342,7 @@ class RendezvousServer:
             return
         # Complete: everyone gets PEERS (the last joiner with its WELCOME in one write).
         group.complete = True
+        self.filling -= 1
         group.open = size
         group.timer.cancel()
         group.timer = None
@@ -353,6 +355,7 @@ class RendezvousServer:
 
     def _group_timeout(self, group: Group) -> None:
         group.timer = None
+        self.filling -= 1
         if self.groups.get(group.gid) is group:
             del self.groups[group.gid]
         reason = (f"group {group.gid} got {len(group.members)} of {group.size} peers within "
@@ -368,6 +371,7 @@ class RendezvousServer:
         if not group.complete:
             group.free(conn.rank)
             if not group.members:
+                self.filling -= 1
                 if group.timer is not None:
                     group.timer.cancel()
                 if self.groups.get(group.gid) is group:

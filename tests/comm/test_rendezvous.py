@@ -516,5 +516,9 @@ def test_limits_answer_busy():
         assert a.wait_peers(10) == b.wait_peers(10)
         for s in extra:
             s.close()
+        # "one" is complete (it no longer counts as filling): a new group may start.
+        wait_for(lambda: h.server.connections == 2)
+        with client.join(h.address, "three", tok("three"), 1) as c:
+            assert c.rank == 0
         a.close()
         b.close()
