@@ -111,8 +111,10 @@ class Connection(asyncio.Protocol):
         self.timer = srv.loop.call_later(srv.limits.first_line_timeout_s, self._first_line_timeout)
 
     def data_received(self, data: bytes):
-        if self.partner is not None:
-            self.partner.transport.write(data)
+        partner = self.partner
+        if partner is not None:
+            if not partner.closed:
+                partner.transport.write(data)
             return
         if self.closed:
             return
@@ -123,27 +125,31 @@ class Connection(asyncio.Protocol):
                 self.fail(P.MALFORMED, "relay data sent before RELAYED")
             return
         buf = self.buf + data if self.buf else data
+        self.buf = b""
+        start = 0
         while True:
-            end = buf.find(b"\n")
+            end = buf.find(b"\n", start)
             if end < 0:
                 break
-            if end >= P.MAX_LINE:
+            if end - start >= P.MAX_LINE:
                 self.fail(P.MALFORMED, f"line longer than {P.MAX_LINE} bytes")
                 return
-            line = buf[:end]
-            buf = self.buf = buf[end + 1:]   # what follows, in case this line hands the stream over
+            line = buf[start:end]
+            start = end + 1
+            if line.startswith(b"RELAY "):
+                self.buf = buf[start:]    # if accepted, the rest belongs to the relayed stream
             self._line(line)
             if self.closed:
                 return
             if self.relay_key is not None:
-                # The rest belongs to the relayed stream: relay() forwarded it, or keeps it
-                # until the partner arrives.
+                # relay() forwarded the rest to the partner, or keeps it until the partner arrives.
                 if self.partner is None and len(self.buf) > _RELAY_EARLY_LIMIT:
                     self.fail(P.MALFORMED, "relay data sent before RELAYED")
                 return
-        self.buf = buf
-        if len(buf) >= P.MAX_LINE:
-            self.fail(P.MALFORMED, f"line longer than {P.MAX_LINE} bytes")
+        if start < len(buf):
+            self.buf = buf[start:]
+            if len(self.buf) >= P.MAX_LINE:
+                self.fail(P.MALFORMED, f"line longer than {P.MAX_LINE} bytes")
 
     def eof_received(self):
         partner = self.partner

@@ -224,6 +224,16 @@ def test_error_survives_a_peer_that_keeps_sending(server):
     assert got == b"ERROR malformed unknown command 'HELLO': expected JOIN, RELAY, BARRIER, RESULT or BYE\n"
 
 
+def test_many_lines_in_one_read_are_all_handled(server, gid):
+    g = gid()
+    a, b = join_in_threads(server.address, g, tok(g), 2, [0, 1])[0]
+    a.sock.sendall(b"RESULT 1 direct\n" * 50_000 + b"BARRIER 0\n")   # ~800 KB of lines at once
+    assert b.barrier(timeout=30) == 0
+    assert a._reader.readline(time.monotonic() + 30) == b"BARRIER_OK 0"
+    a.close()
+    b.close()
+
+
 def test_a_misordered_token_is_not_echoed(server, gid):
     g = gid()
     t = tok(g)
