@@ -448,8 +448,16 @@ class RendezvousServer:
         if self.limits.zero_copy_relay and splice.available() and all(
                 a.transport.get_write_buffer_size() == 0 for a in (conn, other)):
             heads = (conn.buf, other.buf)
-            pair = splice.SplicedPair(self.loop, self._detach(conn), self._detach(other), heads[0], heads[1],
-                                      on_close=self._pair_closed)
+            socks = (self._detach(conn), self._detach(other))
+            try:
+                pair = splice.SplicedPair(self.loop, socks[0], socks[1], heads[0], heads[1],
+                                          on_close=self._pair_closed)
+            except OSError as exc:     # no pipe left (descriptor limit): both halves must retry
+                log.warning("relay group %s ranks %d<->%d: cannot splice (%s); closed both halves", msg.group,
+                            msg.my_rank, msg.peer_rank, exc)
+                for sock in socks:
+                    sock.close()
+                return
             self._pairs.add(pair)
             self.spliced_sockets += 2
             pair.start()

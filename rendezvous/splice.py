@@ -135,7 +135,13 @@ class SplicedPair:
         self.socks = (a, b)
         self.on_close = on_close
         self.closed = False
-        self.dirs = (_Direction(self, a, b, head_a_to_b), _Direction(self, b, a, head_b_to_a))
+        first = _Direction(self, a, b, head_a_to_b)
+        try:
+            second = _Direction(self, b, a, head_b_to_a)
+        except OSError:
+            first.stop()
+            raise
+        self.dirs = (first, second)
 
     def start(self) -> None:
         for d in self.dirs:
