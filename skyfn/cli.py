@@ -4,6 +4,8 @@
     skyfn local status                     processes, service health, endpoints
     skyfn local down                       stop everything (task data in Redis is kept)
     skyfn local token --user NAME          mint a token for another local user
+    skyfn flow run FILE_OR_MODULE [--input JSON]   run a flow (skyfn.flows) and print its output
+    skyfn flow show FILE_OR_MODULE         print the flow's Amazon States Language
     skyfn rendezvous --host H --port P --secret S   run the communicator's rendezvous server
 
 Implementations are imported inside the commands, so `import skyfn` (the SDK) never
@@ -176,6 +178,48 @@ def policy_check(
     for line in report.errors:
         typer.echo(line, err=True)
     raise typer.Exit(report.exit_code)
+
+
+# --- flow (Step Functions workflows; H6) ------------------------------------------------
+flow_app = typer.Typer(help="Flows of registered functions across endpoints (skyfn.flows), run as "
+                            "Step Functions state machines.", no_args_is_help=True)
+app.add_typer(flow_app, name="flow")
+
+
+@flow_app.command("run")
+def flow_run(target: str = typer.Argument(..., help="a .py file or a module defining a skyfn.flows.Flow"),
+             input_json: Optional[str] = typer.Option(None, "--input", help="the flow's input as JSON "
+                                                                            "(default: the module's INPUT)"),
+             flow_name: Optional[str] = typer.Option(None, "--flow", help="attribute holding the Flow"),
+             no_wait: bool = typer.Option(False, "--no-wait", help="print the run id and return"),
+             timeout: float = typer.Option(3600.0, "--timeout", help="seconds to wait for the result")) -> None:
+    """Run a flow and print its output as JSON (exit code 1 if the run fails)."""
+    def action():
+        from skyfn import flow_cli
+
+        try:
+            return flow_cli.run(target, input_json, flow_name, not no_wait, timeout)
+        except flow_cli.FlowCliError as exc:
+            return 1, f"error: {exc}"
+    code, text = _run(action)
+    typer.echo(text, err=code != 0)
+    raise typer.Exit(code)
+
+
+@flow_app.command("show")
+def flow_show(target: str = typer.Argument(..., help="a .py file or a module defining a skyfn.flows.Flow"),
+              flow_name: Optional[str] = typer.Option(None, "--flow", help="attribute holding the Flow")) -> None:
+    """Print the Amazon States Language the flow compiles to."""
+    def action():
+        from skyfn import flow_cli
+
+        try:
+            return 0, flow_cli.show(target, flow_name)
+        except flow_cli.FlowCliError as exc:
+            return 1, f"error: {exc}"
+    code, text = _run(action)
+    typer.echo(text, err=code != 0)
+    raise typer.Exit(code)
 
 
 def main() -> None:

@@ -50,7 +50,18 @@ def status(owner: str, run_id: str) -> dict[str, Any]:
             out["output"] = d["output"]
     if d["status"] != "SUCCEEDED":
         out["error"], out["cause"] = _failure(d, rec["x"])
+        out["cause"] = _readable(out["cause"])
     return out
+
+
+def _readable(cause: str | None) -> str | None:
+    """A Lambda step's cause is its error JSON: keep the message, the part people read."""
+    if not cause or not cause.startswith("{"):
+        return cause
+    try:
+        return str(json.loads(cause).get("errorMessage") or cause)
+    except (ValueError, AttributeError):
+        return cause
 
 
 def _failure(described: dict[str, Any], execution_arn: str) -> tuple[str | None, str | None]:

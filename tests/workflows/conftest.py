@@ -86,3 +86,19 @@ def client(wf_home):
 @pytest.fixture
 def endpoint(client):
     return client.endpoint_id("local")
+
+
+@pytest.fixture(scope="session")
+def offline_endpoint(wf_home):
+    """An endpoint that was online once (one heartbeat) and whose agent is gone: the
+    reaper marks it offline once the heartbeat timeout (4 s here) has passed."""
+    from skyfn import Client
+
+    with Client() as c:
+        ep = c._http.post("/endpoints", {"name": "gone-away"})["endpoint_id"]
+        c._http.post(f"/endpoints/{ep}/heartbeat", {"stats": {}})
+        deadline = time.monotonic() + 30
+        while c.get_endpoint(ep)["status"] != "offline":
+            assert time.monotonic() < deadline, "the reaper never marked the silent endpoint offline"
+            time.sleep(0.5)
+    return ep
