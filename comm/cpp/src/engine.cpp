@@ -17,6 +17,9 @@ constexpr size_t kStageSize = 256 * 1024;
 // Payloads with at least this much left are read straight into the message buffer.
 constexpr size_t kDirectRead = 64 * 1024;
 constexpr size_t kMaxIo = size_t(1) << 30;  // per syscall; Linux caps one call near 2 GiB
+// Channel sockets are blocking (every call but the blocking-receive shortcut passes
+// MSG_DONTWAIT); a blocking recv() gives up after this slice so deadlines are checked.
+constexpr int kRecvSliceMs = 100;
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(net::Clock::now().time_since_epoch()).count();
@@ -42,7 +45,7 @@ class SendRequest : public Request {
   }
   void wait() override {
     if (!op_) return;
-    e_->wait_until([this] { return e_->send_done(*op_, dest_, tag_); }, "isend to " + describe(dest_, tag_) + " to complete");
+    e_->wait_until([this] { return e_->send_done(*op_, dest_, tag_); }, {false, dest_, tag_});
   }
   BufferPtr result() override { return nullptr; }
 
@@ -61,7 +64,7 @@ class RecvRequest : public Request {
     return e_->recv_done(*st_);
   }
   void wait() override {
-    e_->wait_until([this] { return e_->recv_done(*st_); }, "a message from " + describe(st_->source, st_->tag));
+    e_->wait_until([this] { return e_->recv_done(*st_); }, {true, st_->source, st_->tag});
   }
   BufferPtr result() override {
     if (!st_->msg || !st_->msg->complete)
@@ -89,6 +92,7 @@ Engine::Engine(int rank, int size, std::vector<Link> links, const JoinOptions& o
     c->address = l.address;
     c->fd = std::move(l.fd);
     net::set_nodelay(c->fd.get());
+    net::set_blocking_with_timeout(c->fd.get(), kRecvSliceMs);
     c->stage.resize(kStageSize);
     c->last_send_ns = t;
     c->last_recv_ns = t;
@@ -150,7 +154,7 @@ SendOpPtr Engine::start_send(Channel& c, const void* data, size_t len, int tag) 
       msghdr m{};
       m.msg_iov = iov;
       m.msg_iovlen = static_cast<size_t>(n);
-      ssize_t w = ::sendmsg(c.fd.get(), &m, MSG_NOSIGNAL);
+      ssize_t w = ::sendmsg(c.fd.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (w > 0) {
         sent += static_cast<size_t>(w);
         c.bytes_sent.fetch_add(static_cast<uint64_t>(w), std::memory_order_relaxed);
@@ -235,7 +239,7 @@ void Engine::send(const void* data, size_t len, int dest, int tag) {
   SendOpPtr op = start_send(c, data, len, tag);
   if (!op) return;
   try {
-    wait_until([&] { return send_done(*op, dest, tag); }, "send to " + describe(dest, tag) + " to complete");
+    wait_until([&] { return send_done(*op, dest, tag); }, {false, dest, tag});
   } catch (const TimeoutError&) {
     // The caller's buffer is about to go away: a half-written frame cannot be finished,
     // so the channel is unusable from here on.
@@ -297,18 +301,26 @@ RequestPtr Engine::irecv(int source, int tag) {
 BufferPtr Engine::recv(int source, int tag) {
   check_open();
   check_peer(source, "recv");
+  // Same matching as irecv, without a Request object.
+  RecvState st;
+  st.source = source;
+  st.tag = tag;
   auto it = unexpected_.find(key(source, tag));
-  if (it != unexpected_.end() && !it->second.empty() && it->second.front()->complete) {
-    BufferPtr b = it->second.front()->buf;
+  if (it != unexpected_.end() && !it->second.empty()) {
+    st.msg = it->second.front();
     it->second.pop_front();
-    return b;
+    if (st.msg->complete) return st.msg->buf;
+    wait_until([&] { return recv_done(st); }, {true, source, tag});
+    return st.msg->buf;
   }
-  RequestPtr r = irecv(source, tag);
-  r->wait();
-  return r->result();
+  auto posted = std::make_shared<RecvState>(st);
+  posted_[key(source, tag)].push_back(posted);
+  wait_until([&] { return recv_done(*posted); }, {true, source, tag});
+  return posted->msg->buf;
 }
 
-void Engine::read_channel(Channel& c) {
+void Engine::read_channel(Channel& c, bool block) {
+  int flags = block ? 0 : MSG_DONTWAIT;
   for (;;) {
     if (c.st() != ChannelState::Open && c.st() != ChannelState::PeerClosed) return;
     ssize_t n;
@@ -316,7 +328,7 @@ void Engine::read_channel(Channel& c) {
     bool direct = c.cur && c.rbeg == c.rend && c.cur->buf->data.size() - c.cur->got >= kDirectRead;
     if (direct) {
       asked = std::min(c.cur->buf->data.size() - c.cur->got, kMaxIo);
-      n = ::recv(c.fd.get(), c.cur->buf->data.data() + c.cur->got, asked, 0);
+      n = ::recv(c.fd.get(), c.cur->buf->data.data() + c.cur->got, asked, flags);
     } else {
       if (c.rbeg == c.rend) {
         c.rbeg = c.rend = 0;
@@ -326,8 +338,9 @@ void Engine::read_channel(Channel& c) {
         c.rbeg = 0;
       }
       asked = c.stage.size() - c.rend;
-      n = ::recv(c.fd.get(), c.stage.data() + c.rend, asked, 0);
+      n = ::recv(c.fd.get(), c.stage.data() + c.rend, asked, flags);
     }
+    flags = MSG_DONTWAIT;
     if (n > 0) {
       c.bytes_received.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
       c.last_recv_ns.store(now_ns(), std::memory_order_relaxed);
@@ -458,7 +471,6 @@ void Engine::progress_once(int timeout_ms) {
     throw CommError("poll failed: " + net::errno_text(errno));
   }
   int64_t t = now_ns();
-  const int64_t silent_limit = static_cast<int64_t>(keepalive_s_ * 4e9) + 1000000000;
   for (size_t i = 0; i < pfds_.size(); ++i) {
     Channel& c = *ch_[static_cast<size_t>(poll_ranks_[i])];
     short re = pfds_[i].revents;
@@ -466,15 +478,41 @@ void Engine::progress_once(int timeout_ms) {
     if (re & POLLOUT) {
       std::lock_guard<std::mutex> lk(c.send_mu);
       if (c.st() == ChannelState::Open) write_queue(c);
-    } else if (!(re & POLLIN) && c.st() == ChannelState::Open &&
-               t - c.last_recv_ns.load(std::memory_order_relaxed) > silent_limit) {
-      // The peer's keep-alive thread pings every keepalive_s on an idle channel; this much
-      // silence means its process or the network path is gone.
-      mark_down(c, ChannelState::Lost,
-                "nothing received for " + std::to_string((t - c.last_recv_ns.load()) / 1000000000) +
-                    " s, not even keep-alive pings");
+    } else if (!(re & POLLIN)) {
+      check_silence(c, t);
     }
   }
+}
+
+void Engine::check_silence(Channel& c, int64_t t) {
+  // The peer's keep-alive thread pings every keepalive_s on an idle channel; this much
+  // silence means its process or the network path is gone.
+  const int64_t limit = static_cast<int64_t>(keepalive_s_ * 4e9) + 1000000000;
+  int64_t last = c.last_recv_ns.load(std::memory_order_relaxed);
+  if (c.st() == ChannelState::Open && t - last > limit)
+    mark_down(c, ChannelState::Lost,
+              "nothing received for " + std::to_string((t - last) / 1000000000) + " s, not even keep-alive pings");
+}
+
+bool Engine::progress_blocking_recv(int peer) {
+  if (peer == rank_) return false;
+  Channel& c = *ch_[static_cast<size_t>(peer)];
+  ChannelState s = c.st();
+  if (s != ChannelState::Open && s != ChannelState::PeerClosed) return false;
+  for (auto& cp : ch_) {
+    if (!cp || cp.get() == &c) continue;
+    ChannelState o = cp->st();
+    if (o == ChannelState::Open || o == ChannelState::PeerClosed) return false;
+  }
+  {
+    std::lock_guard<std::mutex> lk(c.send_mu);
+    if (!c.sendq.empty()) return false;
+  }
+  // The socket is in blocking mode with SO_RCVTIMEO (kRecvSliceMs): recv() returns within
+  // that slice even when nothing arrives, so the caller's deadline is honoured.
+  read_channel(c, true);
+  check_silence(c, now_ns());
+  return true;
 }
 
 void Engine::progress_nonblocking() {
@@ -482,7 +520,7 @@ void Engine::progress_nonblocking() {
   progress_once(0);
 }
 
-void Engine::wait_until(const std::function<bool()>& done, const std::string& what) {
+void Engine::wait_until(const std::function<bool()>& done, const Awaited& what) {
   check_open();
   if (done()) return;
   net::TimePoint deadline = net::deadline_after(timeout_s_);
@@ -491,9 +529,11 @@ void Engine::wait_until(const std::function<bool()>& done, const std::string& wh
     if (ms == 0) {
       progress_once(0);
       if (done()) return;
-      throw TimeoutError("timed out after " + std::to_string(timeout_s_) + " s waiting for " + what);
+      throw TimeoutError("timed out after " + std::to_string(timeout_s_) + " s waiting for " +
+                         (what.is_recv ? "a message from " + describe(what.peer, what.tag)
+                                       : "a send to " + describe(what.peer, what.tag) + " to complete"));
     }
-    progress_once(ms);
+    if (!(what.is_recv && progress_blocking_recv(what.peer))) progress_once(ms);
     if (done()) return;
   }
 }

@@ -100,7 +100,14 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool send_done(const SendOp& op, int dest, int tag);        // throws on failure
   bool recv_done(const RecvState& st);                        // throws on failure
   void progress_nonblocking();
-  void wait_until(const std::function<bool()>& done, const std::string& what);
+  // What a blocking wait is for: names it in a TimeoutError (built only on timeout) and
+  // lets a receive from the only open channel block in recv() itself.
+  struct Awaited {
+    bool is_recv;
+    int peer;
+    int tag;
+  };
+  void wait_until(const std::function<bool()>& done, const Awaited& what);
 
   std::vector<PeerStats> stats() const;
   void close();
@@ -116,7 +123,12 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void match(int source, int tag, const IncomingPtr& in);
   // One pass of the poll loop: waits up to timeout_ms for any channel event.
   void progress_once(int timeout_ms);
-  void read_channel(Channel& c);
+  // Blocking receive on `peer`'s channel when nothing else can need progress (it is the
+  // only open channel and has nothing queued to send): one recv() syscall, as a plain
+  // socket would do. Returns false when that shortcut does not apply.
+  bool progress_blocking_recv(int peer);
+  void read_channel(Channel& c, bool block = false);
+  void check_silence(Channel& c, int64_t now);
   void parse_stage(Channel& c);
   void write_queue(Channel& c);  // caller holds send_mu
   void mark_down(Channel& c, ChannelState why, const std::string& reason);

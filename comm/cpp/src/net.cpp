@@ -78,6 +78,14 @@ void set_nonblocking(int fd) {
     throw CommError("fcntl(O_NONBLOCK) failed: " + errno_text(errno));
 }
 
+void set_blocking_with_timeout(int fd, int recv_timeout_ms) {
+  int fl = fcntl(fd, F_GETFL, 0);
+  if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
+    throw CommError("fcntl(~O_NONBLOCK) failed: " + errno_text(errno));
+  timeval tv{recv_timeout_ms / 1000, (recv_timeout_ms % 1000) * 1000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
 void set_nodelay(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);

@@ -50,6 +50,8 @@ uint16_t local_port(int fd);
 sockaddr_in peer_address(int fd);
 
 void set_nonblocking(int fd);
+// Clear O_NONBLOCK and make blocking receives give up after `recv_timeout_ms`.
+void set_blocking_with_timeout(int fd, int recv_timeout_ms);
 void set_nodelay(int fd);
 // Socket buffers large enough for full-speed loopback/LAN transfers.
 void set_buffers(int fd);

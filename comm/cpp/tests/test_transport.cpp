@@ -32,8 +32,8 @@ class Transport : public ::testing::Test {
   JoinOptions opts(const std::string& group, int size) { return options(*g_srv, group, size); }
 };
 
-std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
-  std::vector<uint8_t> v(n);
+Bytes pattern(size_t n, uint8_t seed) {
+  Bytes v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(i * 131 + seed);
   return v;
 }
@@ -101,7 +101,7 @@ TEST_F(Transport, IsendIrecvPostedBeforeAndAfterArrival) {
     auto body = [&](int sender, int i) {
       return pattern(static_cast<size_t>(100 + i * 1000), static_cast<uint8_t>(sender * 50 + i));
     };
-    std::vector<std::vector<uint8_t>> out;
+    std::vector<Bytes> out;
     for (int i = 0; i < n; ++i) out.push_back(body(c.rank(), i));
     std::vector<RequestPtr> sends;
     std::vector<std::vector<RequestPtr>> recvs(static_cast<size_t>(c.size()));

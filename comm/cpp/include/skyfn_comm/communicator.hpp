@@ -2,11 +2,13 @@
 // Contract: docs/comm.md. Errors are exceptions (CommError and subclasses), never exits.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace skyfn::comm {
@@ -31,9 +33,53 @@ class PeerLostError : public CommError {      // a peer closed or died
 enum class DType : int { Int32 = 0, Int64 = 1, Float32 = 2, Float64 = 3 };
 enum class ReduceOp : int { Sum = 0, Min = 1, Max = 2, Prod = 3 };
 
+namespace detail {
+void* buffer_alloc(size_t bytes);                  // src/buffer_pool.cpp
+void buffer_free(void* p, size_t bytes) noexcept;
+}  // namespace detail
+
+// Allocator of message bytes. resize() leaves bytes uninitialized (the network or a
+// memcpy overwrites them at once; zeroing first would cost a full extra pass), and blocks
+// of 1 MiB and more are recycled through a small process-wide cache, so a stream of large
+// messages does not page-fault fresh memory for every one. Use resize(n, 0) for zeros.
+template <class T>
+struct BufferAllocator {
+  using value_type = T;
+  BufferAllocator() noexcept = default;
+  template <class U>
+  BufferAllocator(const BufferAllocator<U>&) noexcept {}
+  T* allocate(size_t n) { return static_cast<T*>(detail::buffer_alloc(n * sizeof(T))); }
+  void deallocate(T* p, size_t n) noexcept { detail::buffer_free(p, n * sizeof(T)); }
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;  // default-initialization: no zeroing
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+  friend bool operator==(const BufferAllocator&, const BufferAllocator&) noexcept { return true; }
+  friend bool operator!=(const BufferAllocator&, const BufferAllocator&) noexcept { return false; }
+};
+// The byte vector of a Buffer. It converts to (and compares with) std::vector<uint8_t>,
+// so code written against a plain byte vector keeps compiling.
+class Bytes : public std::vector<uint8_t, BufferAllocator<uint8_t>> {
+ public:
+  using Base = std::vector<uint8_t, BufferAllocator<uint8_t>>;
+  using Base::Base;
+  Bytes() = default;
+  operator std::vector<uint8_t>() const { return std::vector<uint8_t>(begin(), end()); }
+  friend bool operator==(const Bytes& a, const std::vector<uint8_t>& b) {
+    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
+  }
+  friend bool operator==(const std::vector<uint8_t>& a, const Bytes& b) { return b == a; }
+  friend bool operator!=(const Bytes& a, const std::vector<uint8_t>& b) { return !(a == b); }
+  friend bool operator!=(const std::vector<uint8_t>& a, const Bytes& b) { return !(b == a); }
+};
+
 // A received message: owns its bytes (exposed to Python through the buffer protocol).
 struct Buffer {
-  std::vector<uint8_t> data;
+  Bytes data;
   size_t size() const { return data.size(); }
 };
 using BufferPtr = std::shared_ptr<Buffer>;
