@@ -18,9 +18,12 @@ two peers crosses the same path: peer A -> NAT router A -> public bridge -> NAT 
 - latency: 1-byte round trips through the Python API (send + recv), vs a plain C TCP
   socket ping-pong (benchmarks/pingpong.c, compiled here with cc -O2, TCP_NODELAY, port
   forwarded the same way); medians of 20,000 round trips after 1,000 warm-up rounds.
-- transfers of 1 MiB and 64 MiB from rank 0 to rank 1, direct vs through Redis (SET,
-  a 1-byte notice on the channel, GET by rank 1, a 1-byte ack; the direct transfer pays
-  the same ack), redis-py with hiredis; medians.
+- transfers of 1 MiB and 64 MiB from rank 0 to rank 1 and a 1-byte ack back, direct vs
+  with Redis as the only medium, as functions that cannot reach each other exchange
+  data: rank 0 SETs the value and LPUSHes a notice (one pipelined round trip), rank 1
+  BRPOPs it, GETs the value and LPUSHes an ack that rank 0 BRPOPs. redis-server in the
+  public namespace without persistence (the most favourable to Redis), redis-py with
+  hiredis; medians.
 - pairings per second of the rendezvous server (rendezvous.bench.pairings_per_second,
   load from the public namespace).
 - allreduce (8 B and 8 MiB of float64) and alltoall (64 KiB and 1 MiB per destination)

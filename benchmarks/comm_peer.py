@@ -2,8 +2,8 @@
 
     python -m benchmarks.comm_peer pair RENDEZVOUS GROUP RANK REDIS_HOST REPEATS
         two ranks over one punched channel: bandwidth (64 MiB messages), 1-byte
-        round trips, 1 MiB and 64 MiB transfers direct and through Redis (SET, a 1-byte
-        notice, GET, a 1-byte ack; the direct transfer pays the same ack).
+        round trips, 1 MiB and 64 MiB transfers direct (send, 1-byte ack) and through
+        Redis only (SET + LPUSH notice, BRPOP + GET, LPUSH ack, BRPOP ack).
     python -m benchmarks.comm_peer coll RENDEZVOUS GROUP SIZE ITERS
         allreduce (1 and 1 Mi float64) and alltoall (64 KiB and 1 MiB per destination).
 
@@ -27,7 +27,7 @@ MiB = 1 << 20
 now = time.perf_counter
 
 
-def _join(rendezvous: str, group: str, size: int, rank: int) -> Communicator:
+def _join(rendezvous: str, group: str, size: int, rank: int | None) -> Communicator:
     return Communicator.join(group, rendezvous=rendezvous, token=os.environ["SKYFN_BENCH_TOKEN"], size=size,
                              rank=rank, timeout=120.0)
 
@@ -64,32 +64,47 @@ def _round_trips_us(c, iters: int, warmup: int = 1000) -> list[float]:
     return out
 
 
-def _transfer_ms(c, payload, reps: int, redis_client=None) -> list[float]:
-    """Rank 0 hands `payload` to rank 1 and waits for its 1-byte ack; per-rep times in ms."""
+def _transfer_ms(c, payload, reps: int) -> list[float]:
+    """Rank 0 sends `payload` to rank 1 and waits for its 1-byte ack; per-rep times in ms."""
     times = []
     c.barrier()
-    for k in range(reps):
+    for _ in range(reps):
         if c.rank == 0:
             t0 = now()
-            if redis_client is None:
-                c.send(payload, 1, tag=20)
-            else:
-                redis_client.set(f"bench:{k}", payload)
-                c.send(b"n", 1, tag=20)
+            c.send(payload, 1, tag=20)
             c.recv(1, tag=21)
             times.append((now() - t0) * 1e3)
         else:
-            if redis_client is None:
-                got = c.recv(0, tag=20)
-                n = memoryview(got).nbytes
-            else:
-                c.recv(0, tag=20)
-                n = len(redis_client.get(f"bench:{k}"))
+            n = memoryview(c.recv(0, tag=20)).nbytes
             if n != len(payload):
                 raise RuntimeError(f"received {n} bytes, expected {len(payload)}")
             c.send(b"a", 0, tag=21)
-    if redis_client is not None and c.rank == 0:
-        redis_client.flushdb()
+    return times
+
+
+def _redis_transfer_ms(c, r, payload, reps: int, ns: str) -> list[float]:
+    """The same hand-over with Redis as the only medium, as functions that cannot reach each
+    other do it: rank 0 SETs the value and pushes a notice (one pipelined round trip),
+    rank 1 BRPOPs the notice, GETs the value and pushes an ack, rank 0 BRPOPs the ack.
+    The channel is used only for the barrier before the timed loop."""
+    times = []
+    c.barrier()
+    for k in range(reps):
+        key = f"{ns}:v{k}"
+        if c.rank == 0:
+            t0 = now()
+            r.pipeline(transaction=False).set(key, payload).lpush(f"{ns}:notice", key).execute()
+            r.brpop(f"{ns}:ack", timeout=60)
+            times.append((now() - t0) * 1e3)
+        else:
+            _, got_key = r.brpop(f"{ns}:notice", timeout=60)
+            value = r.get(got_key)
+            if value is None or len(value) != len(payload):
+                raise RuntimeError(f"Redis gave {None if value is None else len(value)} bytes, expected {len(payload)}")
+            r.lpush(f"{ns}:ack", b"a")
+    c.barrier()
+    if c.rank == 0:
+        r.delete(*[f"{ns}:v{k}" for k in range(reps)])
     return times
 
 
@@ -105,7 +120,7 @@ def pair(rendezvous: str, group: str, rank: int, redis_host: str, repeats: int) 
     for label, size, reps in (("1mib", MiB, 50), ("64mib", 64 * MiB, 5)):
         payload = os.urandom(size)
         figures[f"direct_{label}_ms"] = _transfer_ms(c, payload, reps)
-        figures[f"redis_{label}_ms"] = _transfer_ms(c, payload, reps, redis_client=r)
+        figures[f"redis_{label}_ms"] = _redis_transfer_ms(c, r, payload, reps, f"{group}:{label}")
     c.barrier()
     c.close()
     if rank != 0:
@@ -133,7 +148,7 @@ def _op_ms(c, fn, iters: int) -> float:
 
 
 def coll(rendezvous: str, group: str, size: int, iters: int) -> dict:
-    c = _join(rendezvous, group, size, -1)
+    c = _join(rendezvous, group, size, None)
     small = np.ones(1, dtype=np.float64)
     big = np.ones(MiB, dtype=np.float64)
     parts_64k = [np.full(64 << 10, c.rank, dtype=np.uint8) for _ in range(size)]
