@@ -54,11 +54,25 @@ class _Peer(asyncio.Protocol):
 
 async def _pair(loop, host: str, port: int, secret: bytes, group: str) -> None:
     line = f"JOIN {group} {make_token(secret, group)} 2 -1\n".encode()
-    a, b = loop.create_future(), loop.create_future()
-    await asyncio.gather(loop.create_connection(lambda: _Peer(line, a), host, port),
-                         loop.create_connection(lambda: _Peer(line, b), host, port))
-    await a
-    await b
+    done = (loop.create_future(), loop.create_future())
+    made = await asyncio.gather(*(loop.create_connection(lambda f=f: _Peer(line, f), host, port) for f in done),
+                                return_exceptions=True)
+    try:
+        for outcome in made:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        for outcome in await asyncio.gather(*done, return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
+    finally:
+        for outcome in made:
+            if not isinstance(outcome, BaseException):
+                outcome[0].close()
+        for f in done:
+            if f.done():
+                f.exception()       # retrieved: no "never retrieved" warnings on failures
+            else:
+                f.cancel()
 
 
 async def _drive(host, port, secret, seconds, concurrency, start_at, tag) -> int:
