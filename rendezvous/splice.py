@@ -8,18 +8,23 @@ closes both sockets. `available()` says whether this platform can splice.
 """
 from __future__ import annotations
 
-import fcntl
 import os
 import socket
 from typing import Callable, Optional
 
+try:
+    import fcntl
+except ImportError:      # not a POSIX system: no splice either, the server forwards in Python
+    fcntl = None
+
 _PIPE_SIZE = 1 << 20
 _FLAGS = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 
 
 def available() -> bool:
-    return hasattr(os, "splice")
+    return hasattr(os, "splice") and fcntl is not None
 
 
 class _Direction:
@@ -33,7 +38,7 @@ class _Direction:
             fcntl.fcntl(self.w, _F_SETPIPE_SZ, _PIPE_SIZE)
         except OSError:
             pass                    # the default 64 KiB pipe works, just with more wakeups
-        self.chunk = fcntl.fcntl(self.w, getattr(fcntl, "F_GETPIPE_SZ", 1032))
+        self.chunk = fcntl.fcntl(self.w, _F_GETPIPE_SZ)
         self.pending = 0            # bytes sitting in the pipe
         self.reading = self.writing = False
         self.eof = False            # src sent EOF (finish once the pipe is empty)
