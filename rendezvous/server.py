@@ -101,7 +101,7 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport):
         self.transport = transport
         srv = self.server
-        srv.connections += 1
+        srv.open_connections.add(self)
         peer = transport.get_extra_info("peername")
         if peer:
             self.address = (peer[0], peer[1])
@@ -167,7 +167,7 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc):
         self.closed = True
         srv = self.server
-        srv.connections -= 1
+        srv.open_connections.discard(self)
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -269,13 +269,18 @@ class RendezvousServer:
         self.limits = limits or Limits()
         self.groups: Dict[str, Group] = {}
         self.relays: Dict[Tuple[str, int, int], Connection] = {}
-        self.connections = 0
+        self.open_connections: set = set()   # lingering ones included (stop() closes them)
         self.filling = 0              # groups not complete yet (complete ones are bounded by connections)
         self.spliced_sockets = 0
         self._pairs: set = set()
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self._server: Optional[asyncio.base_events.Server] = None
         self.stats = {"joins": 0, "groups_completed": 0, "relays_spliced": 0, "errors": 0}
+
+    @property
+    def connections(self) -> int:
+        """Open connections that still have a transport (spliced relays are counted apart)."""
+        return len(self.open_connections)
 
     async def start(self, host: str, port: int, backlog: int = 4096) -> Tuple[str, int]:
         self.loop = asyncio.get_running_loop()
@@ -289,11 +294,7 @@ class RendezvousServer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
-        for group in list(self.groups.values()):
-            for conn in list(group.members.values()):
-                if not conn.closed:
-                    conn.transport.close()
-        for conn in list(self.relays.values()):
+        for conn in list(self.open_connections):
             conn.transport.close()
         for pair in list(self._pairs):
             pair.close()
