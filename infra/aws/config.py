@@ -47,6 +47,10 @@ FUNCTIONS: dict[str, FunctionSpec] = {spec.key: spec for spec in (
 AUTHORIZER = FunctionSpec("authorizer", "lambdas.authorizer.handler", 256, 10, None,
                           "API Gateway token authorizer for Globus Auth JWTs")
 
+# Interface VPC endpoints of the network stack (gateway endpoints: DynamoDB, S3).
+INTERFACE_ENDPOINTS = ("sqs", "secretsmanager", "sts", "logs", "states")
+AVAILABILITY_ZONES = 2
+
 # Results-queue event source: packs per invocation and how long to gather them.
 RESULTS_BATCH_SIZE = 10
 RESULTS_BATCH_WINDOW_S = 1

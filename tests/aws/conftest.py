@@ -8,12 +8,16 @@ tests themselves run. test_config.py needs no CDK and runs under both.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import pytest
 
-IN_CDK_VENV = importlib.util.find_spec("aws_cdk") is not None
+try:
+    import aws_cdk.assertions  # noqa: F401
+
+    IN_CDK_VENV = True
+except ImportError:
+    IN_CDK_VENV = False
 collect_ignore = ["test_in_cdk_venv.py"] if IN_CDK_VENV else ["test_stacks.py"]
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")

@@ -10,15 +10,15 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from infra.aws.config import DeployConfig
+from infra.aws.config import AVAILABILITY_ZONES, INTERFACE_ENDPOINTS, DeployConfig
 from infra.aws.stacks.common import retention
 
-INTERFACE_ENDPOINTS = {
-    "Sqs": ec2.InterfaceVpcEndpointAwsService.SQS,
-    "SecretsManager": ec2.InterfaceVpcEndpointAwsService.SECRETS_MANAGER,
-    "Sts": ec2.InterfaceVpcEndpointAwsService.STS,
-    "Logs": ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_LOGS,
-    "StepFunctions": ec2.InterfaceVpcEndpointAwsService.STEP_FUNCTIONS,
+_SERVICES = {
+    "sqs": ("Sqs", ec2.InterfaceVpcEndpointAwsService.SQS),
+    "secretsmanager": ("SecretsManager", ec2.InterfaceVpcEndpointAwsService.SECRETS_MANAGER),
+    "sts": ("Sts", ec2.InterfaceVpcEndpointAwsService.STS),
+    "logs": ("Logs", ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_LOGS),
+    "states": ("StepFunctions", ec2.InterfaceVpcEndpointAwsService.STEP_FUNCTIONS),
 }
 
 
@@ -26,7 +26,7 @@ class NetworkStack(Stack):
     def __init__(self, scope: Construct, cid: str, *, config: DeployConfig, **kwargs):
         super().__init__(scope, cid, **kwargs)
         self.vpc = ec2.Vpc(
-            self, "Vpc", max_azs=2, nat_gateways=config.nat_gateways,
+            self, "Vpc", max_azs=AVAILABILITY_ZONES, nat_gateways=config.nat_gateways,
             ip_addresses=ec2.IpAddresses.cidr("10.40.0.0/16"),
             subnet_configuration=[
                 ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24,
@@ -48,7 +48,8 @@ class NetworkStack(Stack):
                                              description="VPC interface endpoints: HTTPS from the VPC")
         self.endpoint_sg.add_ingress_rule(ec2.Peer.ipv4(self.vpc.vpc_cidr_block), ec2.Port.tcp(443),
                                           "HTTPS from inside the VPC")
-        for name, service in INTERFACE_ENDPOINTS.items():
+        for key in INTERFACE_ENDPOINTS:
+            name, service = _SERVICES[key]
             self.vpc.add_interface_endpoint(
                 name, service=service, private_dns_enabled=True, security_groups=[self.endpoint_sg], open=False,
                 subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS))
