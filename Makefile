@@ -100,3 +100,8 @@ test-aws: cdk-venv
 test: cdk-venv
 bench-cost: install
 	$(PY) -m benchmarks.cost --json
+
+# Step Functions batch fan-out, 100,000 tasks through the Distributed Map (H6; outside `make test`)
+.PHONY: bench-fanout
+bench-fanout: install
+	$(PY) -m benchmarks.fanout --tasks 100000 --json

@@ -71,7 +71,7 @@ class _Context:
         self.names: set[str] = set()
 
     def name(self, wanted: Optional[str], default: str) -> str:
-        base = _SAFE.sub("-", wanted or default)[:50] or "node"
+        base = _SAFE.sub("-", wanted or default).lstrip(" _.:-")[:50] or "node"
         name, n = base, 2
         while name in self.names:
             name, n = f"{base}-{n}", n + 1

@@ -18,6 +18,7 @@ batch is COMPLETE, NOT_ROUTED (no chunk routed), TIMED_OUT or still RUNNING.
 """
 from __future__ import annotations
 
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -36,6 +37,9 @@ CHUNK_TASKS = 1000
 CHUNK_BYTES = 4 << 20
 BATCH_TTL = 30 * 86400
 MAX_REPORTED_CHUNKS = 100   # failed chunks listed in a summary (the state payload stays small)
+# A standard execution has at most 25,000 history events; one check-choice-wait round costs
+# about 9, so the wait grows with the deadline to keep the loop under this many rounds.
+MAX_CHECKS = 2000
 FINAL = ("SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED")
 
 # Moves finished tasks out of the pending set and counts their final states, atomically
@@ -246,4 +250,5 @@ def progress(batch_id: str, poll_seconds: int = 2, final_check: bool = True) -> 
         state = "RUNNING"
     # Tasks of failed chunks are in the counts as FAILED once settled; `routed` counts routed tasks only.
     return {"batch_id": batch_id, "state": state, "total": total, "routed": routed, "pending": pending,
-            "counts": counts, "failed_chunks": failed[:MAX_REPORTED_CHUNKS], "wait_seconds": int(poll_seconds)}
+            "counts": counts, "failed_chunks": failed[:MAX_REPORTED_CHUNKS],
+            "wait_seconds": max(int(poll_seconds), math.ceil((float(rec["d"]) - float(rec["c"])) / MAX_CHECKS))}
