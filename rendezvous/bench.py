@@ -1,12 +1,14 @@
-"""Pairing throughput of a rendezvous server: how many 2-peer groups per second can join
-and both receive PEERS.
+"""Throughput of a rendezvous server: pairings per second (a 2-peer group joins and both
+peers receive PEERS) and relay bandwidth.
 
-    pairings_per_second(host, port, secret, seconds=3, processes=2, concurrency=64) -> float
+    pairings_per_second(host, port, secret, seconds=3, processes=None, concurrency=64) -> float
+    relay_bytes_per_second(host, port, secret, nbytes=1 GiB) -> float
 
 Load comes from `processes` child processes, each keeping `concurrency` pairings in
 flight on its own event loop with a minimal asyncio Protocol client (so the figure is the
-server's, not the client's). Also `python -m rendezvous.bench [--json]`, which starts its
-own server in a child process.
+server's, not the client's). The relay figure streams one direction through a spliced
+relay pair with blocking sockets. `python -m rendezvous.bench [--json]` starts its own
+server in a child process and reports both.
 """
 from __future__ import annotations
 
@@ -15,9 +17,12 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import socket
+import threading
 import time
 from typing import Optional
 
+from . import client
 from .runner import new_event_loop, raise_fd_limit, serve_in_process
 from .tokens import make_token
 
@@ -135,6 +140,48 @@ def pairings_per_second(host: str, port: int, secret: str, seconds: float = 3.0,
     return sum(results) / seconds
 
 
+def relay_bytes_per_second(host: str, port: int, secret: str, nbytes: int = 1 << 30) -> float:
+    """Bytes per second from one relay half to the other (sender and receiver are threads here)."""
+    group = f"bench-relay-{os.getpid()}-{time.time_ns()}"
+    token = make_token(secret, group)
+    halves = {}
+
+    def open_half(me: int) -> None:
+        halves[me] = client.relay((host, port), group, token, me, 1 - me, timeout=30)
+    openers = [threading.Thread(target=open_half, args=(r,)) for r in (0, 1)]
+    for t in openers:
+        t.start()
+    for t in openers:
+        t.join()
+    if len(halves) != 2:
+        raise RuntimeError("the relay pair did not open")
+    chunk = bytes(4 << 20)
+
+    def send() -> None:
+        left = nbytes
+        while left > 0:
+            n = min(left, len(chunk))
+            halves[0].sendall(chunk[:n] if n < len(chunk) else chunk)
+            left -= n
+        halves[0].shutdown(socket.SHUT_WR)
+    start = time.perf_counter()
+    sender = threading.Thread(target=send)
+    sender.start()
+    got, buf = 0, bytearray(4 << 20)
+    while True:
+        n = halves[1].recv_into(buf)
+        if not n:
+            break
+        got += n
+    elapsed = time.perf_counter() - start
+    sender.join()
+    for sock in halves.values():
+        sock.close()
+    if got != nbytes:
+        raise RuntimeError(f"relay delivered {got} of {nbytes} bytes")
+    return got / elapsed
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rendezvous.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=3.0)
@@ -142,14 +189,16 @@ def main(argv=None) -> int:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--loop", default="auto", choices=("auto", "uvloop", "asyncio"), help="server event loop")
     ap.add_argument("--log-level", default="warning", help="server log level")
+    ap.add_argument("--relay-mib", type=int, default=1024, help="MiB streamed through a relay (0: skip)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     secret = os.urandom(16).hex()
     with serve_in_process("127.0.0.1", 0, secret, log_level=args.log_level, loop=args.loop) as srv:
         rate = pairings_per_second("127.0.0.1", srv.port, secret, args.seconds, args.processes, args.concurrency)
-    result = {"pairings_per_s": round(rate, 1), "seconds": args.seconds, "server_loop": args.loop,
-              "server_log_level": args.log_level}
-    print(json.dumps(result) if args.json else f"{rate:.0f} pairings/s")
+        relay = relay_bytes_per_second("127.0.0.1", srv.port, secret, args.relay_mib << 20) if args.relay_mib else 0
+    result = {"pairings_per_s": round(rate, 1), "relay_mb_per_s": round(relay / 1e6, 1), "seconds": args.seconds,
+              "server_loop": args.loop, "server_log_level": args.log_level, "load_avg_1m": os.getloadavg()[0]}
+    print(json.dumps(result) if args.json else f"{rate:.0f} pairings/s, relay {relay / 1e6:.0f} MB/s")
     return 0
 
 

@@ -16,7 +16,7 @@ import pytest
 
 import rendezvous
 from rendezvous import client, make_token
-from rendezvous.bench import pairings_per_second
+from rendezvous.bench import pairings_per_second, relay_bytes_per_second
 from rendezvous.client import RendezvousError
 from rendezvous.runner import raise_fd_limit
 
@@ -188,3 +188,7 @@ def test_pairing_benchmark_counts_pairings(server_proc):
     rate = pairings_per_second(server_proc.host, server_proc.port, SECRET, seconds=0.5, processes=1,
                                concurrency=8)
     assert rate > 0
+
+
+def test_relay_benchmark_moves_every_byte(server_proc):
+    assert relay_bytes_per_second(server_proc.host, server_proc.port, SECRET, nbytes=(16 << 20) + 3) > 0
