@@ -7,6 +7,7 @@ read the caller's buffer in place (kept exported until the send completes) and r
 messages are Buffer objects that expose the core's memory through the buffer protocol.
 Argument checking with friendly messages is done one level up, in comm.communicator.
 """
+cimport cython
 from cpython.buffer cimport (PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES,
                              PyBuffer_Release, PyObject_GetBuffer)
 from cpython.bytes cimport PyBytes_FromStringAndSize
@@ -16,7 +17,7 @@ from libcpp.memory cimport shared_ptr
 from libcpp.utility cimport pair
 from libcpp.vector cimport vector
 
-from comm._libcomm cimport (Buffer as CBuffer, Communicator as CCommunicator, DType,
+from comm._libcomm cimport (Buffer as CBuffer, CallLock, Communicator as CCommunicator, DType,
                             JoinOptions, PeerStats, ReduceOp, Request as CRequest,
                             close_quietly, join as c_join, set_exception_types,
                             version as c_version, wait_quietly)
@@ -125,12 +126,14 @@ cdef class Buffer:
         return f"<comm.Buffer {self._size()} bytes>"
 
 
+@cython.no_gc_clear  # __dealloc__ needs _owner's lock even when collected in a cycle
 cdef class Request:
     """A non-blocking send or receive. ``wait()`` blocks until it completes (or the
     communicator's timeout passes) and returns the received Buffer for irecv, None for
     isend; ``test()`` returns True once it has completed. An isend keeps its buffer
     exported until it completes; a request dropped before completing waits for it."""
     cdef shared_ptr[CRequest] _req
+    cdef CallLock* _lock  # the communicator's (kept alive by _owner)
     cdef Py_buffer _view
     cdef bint _has_view
     cdef bint _recv
@@ -162,7 +165,11 @@ cdef class Request:
             return True
         try:
             with nogil:
-                ok = self._req.get().test()
+                self._lock.lock()
+                try:
+                    ok = self._req.get().test()
+                finally:
+                    self._lock.unlock()
         except BaseException as e:
             self._error = e
             self._done = True
@@ -179,7 +186,11 @@ cdef class Request:
         if not self._done:
             try:
                 with nogil:
-                    self._req.get().wait()
+                    self._lock.lock()
+                    try:
+                        self._req.get().wait()
+                    finally:
+                        self._lock.unlock()
             except BaseException as e:
                 self._error = e
                 self._done = True
@@ -197,7 +208,11 @@ cdef class Request:
         if self._has_view:
             if not self._done:
                 with nogil:
-                    wait_quietly(self._req)
+                    self._lock.lock()
+                    try:
+                        wait_quietly(self._req)
+                    finally:
+                        self._lock.unlock()
             PyBuffer_Release(&self._view)
             self._has_view = False
 
@@ -249,13 +264,16 @@ cdef list _wrap_all(vector[shared_ptr[CBuffer]]& bufs):
 
 
 cdef class _Core:
-    """One joined group member: owns the C++ Communicator."""
+    """One joined group member: owns the C++ Communicator. Calls from several threads are
+    serialized (the core serves one call at a time)."""
     cdef CCommunicator* _c
+    cdef CallLock* _lock  # the engine serves one call at a time: calls from threads queue here
     cdef bint _closed
 
     def __cinit__(self):
         self._c = NULL
         self._closed = False
+        self._lock = new CallLock()
 
     def __init__(self):
         raise TypeError("use comm.Communicator.join(...)")
@@ -266,6 +284,9 @@ cdef class _Core:
                 close_quietly(self._c)
                 del self._c
             self._c = NULL
+        if self._lock != NULL:
+            del self._lock
+            self._lock = NULL
 
     cdef CCommunicator* _live(self) except NULL:
         if self._c == NULL or self._closed:
@@ -290,7 +311,11 @@ cdef class _Core:
         _acquire(obj, &v, "send")
         try:
             with nogil:
-                c.send(v.buf, <size_t>v.len, dest, tag)
+                self._lock.lock()
+                try:
+                    c.send(v.buf, <size_t>v.len, dest, tag)
+                finally:
+                    self._lock.unlock()
         finally:
             PyBuffer_Release(&v)
 
@@ -298,7 +323,11 @@ cdef class _Core:
         cdef CCommunicator* c = self._live()
         cdef shared_ptr[CBuffer] b
         with nogil:
-            b = c.recv(source, tag)
+            self._lock.lock()
+            try:
+                b = c.recv(source, tag)
+            finally:
+                self._lock.unlock()
         return Buffer.wrap(b)
 
     def isend(self, obj, int dest, int tag):
@@ -307,8 +336,13 @@ cdef class _Core:
         _acquire(obj, &r._view, "isend")
         r._has_view = True
         r._owner = self
+        r._lock = self._lock
         with nogil:
-            r._req = c.isend(r._view.buf, <size_t>r._view.len, dest, tag)
+            self._lock.lock()
+            try:
+                r._req = c.isend(r._view.buf, <size_t>r._view.len, dest, tag)
+            finally:
+                self._lock.unlock()
         return r
 
     def irecv(self, int source, int tag):
@@ -316,14 +350,23 @@ cdef class _Core:
         cdef Request r = Request.__new__(Request)
         r._recv = True
         r._owner = self
+        r._lock = self._lock
         with nogil:
-            r._req = c.irecv(source, tag)
+            self._lock.lock()
+            try:
+                r._req = c.irecv(source, tag)
+            finally:
+                self._lock.unlock()
         return r
 
     def barrier(self):
         cdef CCommunicator* c = self._live()
         with nogil:
-            c.barrier()
+            self._lock.lock()
+            try:
+                c.barrier()
+            finally:
+                self._lock.unlock()
 
     def bcast(self, obj, int root):
         """obj is read on root only (None elsewhere)."""
@@ -339,7 +382,11 @@ cdef class _Core:
             n = <size_t>v.len
         try:
             with nogil:
-                b = c.bcast(p, n, root)
+                self._lock.lock()
+                try:
+                    b = c.bcast(p, n, root)
+                finally:
+                    self._lock.unlock()
         finally:
             if have:
                 PyBuffer_Release(&v)
@@ -352,7 +399,11 @@ cdef class _Core:
         _acquire(obj, &v, "gatherv")
         try:
             with nogil:
-                bufs = c.gatherv(v.buf, <size_t>v.len, root)
+                self._lock.lock()
+                try:
+                    bufs = c.gatherv(v.buf, <size_t>v.len, root)
+                finally:
+                    self._lock.unlock()
         finally:
             PyBuffer_Release(&v)
         return _wrap_all(bufs) if c.rank() == root else None
@@ -363,7 +414,11 @@ cdef class _Core:
         cdef _Views views = _Views(list(parts) if parts is not None else [], "scatterv")
         cdef shared_ptr[CBuffer] b
         with nogil:
-            b = c.scatterv(views.parts, root)
+            self._lock.lock()
+            try:
+                b = c.scatterv(views.parts, root)
+            finally:
+                self._lock.unlock()
         return Buffer.wrap(b)
 
     def allgatherv(self, obj):
@@ -373,7 +428,11 @@ cdef class _Core:
         _acquire(obj, &v, "allgatherv")
         try:
             with nogil:
-                bufs = c.allgatherv(v.buf, <size_t>v.len)
+                self._lock.lock()
+                try:
+                    bufs = c.allgatherv(v.buf, <size_t>v.len)
+                finally:
+                    self._lock.unlock()
         finally:
             PyBuffer_Release(&v)
         return _wrap_all(bufs)
@@ -383,7 +442,11 @@ cdef class _Core:
         cdef _Views views = _Views(list(parts), "alltoallv")
         cdef vector[shared_ptr[CBuffer]] bufs
         with nogil:
-            bufs = c.alltoallv(views.parts)
+            self._lock.lock()
+            try:
+                bufs = c.alltoallv(views.parts)
+            finally:
+                self._lock.unlock()
         return _wrap_all(bufs)
 
     def reduce(self, obj, size_t count, int dtype, int op, int root):
@@ -394,7 +457,11 @@ cdef class _Core:
         _acquire(obj, &v, "reduce")
         try:
             with nogil:
-                b = c.reduce(v.buf, count, <DType>dtype, <ReduceOp>op, root)
+                self._lock.lock()
+                try:
+                    b = c.reduce(v.buf, count, <DType>dtype, <ReduceOp>op, root)
+                finally:
+                    self._lock.unlock()
         finally:
             PyBuffer_Release(&v)
         return Buffer.wrap(b) if b.get() != NULL else None
@@ -406,7 +473,11 @@ cdef class _Core:
         _acquire(obj, &v, "allreduce")
         try:
             with nogil:
-                b = c.allreduce(v.buf, count, <DType>dtype, <ReduceOp>op)
+                self._lock.lock()
+                try:
+                    b = c.allreduce(v.buf, count, <DType>dtype, <ReduceOp>op)
+                finally:
+                    self._lock.unlock()
         finally:
             PyBuffer_Release(&v)
         return Buffer.wrap(b)
@@ -415,7 +486,11 @@ cdef class _Core:
         cdef CCommunicator* c = self._live()
         cdef vector[PeerStats] st
         with nogil:
-            st = c.stats()
+            self._lock.lock()
+            try:
+                st = c.stats()
+            finally:
+                self._lock.unlock()
         out = {}
         for s in st:
             out[s.rank] = {"mode": s.mode.decode(), "address": s.address.decode(),
@@ -427,7 +502,11 @@ cdef class _Core:
             return
         self._closed = True
         with nogil:
-            self._c.close()
+            self._lock.lock()
+            try:
+                self._c.close()
+            finally:
+                self._lock.unlock()
 
 
 def join(str group, str host, int port, str token, int size, int rank, double timeout,

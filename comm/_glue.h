@@ -6,6 +6,7 @@
 #include <Python.h>
 
 #include <memory>
+#include <mutex>
 #include <new>
 #include <stdexcept>
 
@@ -55,6 +56,14 @@ inline void translate_exception() {
     PyErr_SetString(exc_comm, "unknown C++ exception in the communicator core");
   }
 }
+
+// The engine serves one user thread at a time (engine.hpp); the binding releases the GIL,
+// so calls from several Python threads on one communicator queue on this lock.
+struct CallLock {
+  std::mutex mu;
+  void lock() { mu.lock(); }
+  void unlock() { mu.unlock(); }
+};
 
 inline skyfn::comm::Communicator* join(const skyfn::comm::JoinOptions& opts) {
   return skyfn::comm::Communicator::join(opts).release();

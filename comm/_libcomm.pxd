@@ -76,6 +76,9 @@ cdef extern from "skyfn_comm/communicator.hpp" namespace "skyfn::comm" nogil:
 
 
 cdef extern from "_glue.h" namespace "skyfn_glue" nogil:
+    cdef cppclass CallLock:
+        void lock()
+        void unlock()
     Communicator* join(const JoinOptions& opts) except +translate_exception
     void wait_quietly(const shared_ptr[Request]& r) noexcept
     void close_quietly(Communicator* c) noexcept
