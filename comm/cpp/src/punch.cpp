@@ -16,6 +16,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <list>
 #include <random>
@@ -29,6 +31,30 @@ namespace {
 
 using net::Clock;
 using net::TimePoint;
+
+// SKYFN_COMM_TRACE=1 prints every punching event to stderr (diagnosing NAT behaviour).
+bool tracing() {
+  static const bool on = [] {
+    const char* v = std::getenv("SKYFN_COMM_TRACE");
+    return v && *v && std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+#define PUNCH_TRACE(...)                                                                     \
+  do {                                                                                       \
+    if (tracing()) {                                                                         \
+      std::fprintf(stderr, "[skyfn-comm %d %.4f] ", me_, net::seconds_since(start_));       \
+      std::fprintf(stderr, __VA_ARGS__);                                                     \
+      std::fputc('\n', stderr);                                                              \
+    }                                                                                        \
+  } while (0)
+
+// poll() timeout in ms without the round-up of net::ms_until (sub-ms retry delays).
+int ms_until_precise(TimePoint t) {
+  auto left = std::chrono::duration_cast<std::chrono::microseconds>(t - Clock::now()).count();
+  return left <= 0 ? 0 : static_cast<int>(left / 1000);
+}
 
 enum class Phase {
   Connecting,   // non-blocking connect in flight
@@ -65,6 +91,7 @@ struct Pair {
   Conn* attempt = nullptr;  // outgoing direct connect in flight
   TimePoint next_attempt;
   double backoff_s = 0.02;
+  double refused_backoff_s = 0.001;
   Link link;
 };
 
@@ -82,21 +109,27 @@ class Puncher {
   void open_relay(Pair& p);
   void accept_all();
   void on_event(Conn& c, short revents, TimePoint now);
-  void fail_conn(Conn& c, const std::string& why);
+  void fail_conn(Conn& c, const std::string& why, int err = 0);
   bool flush(Conn& c);
   void read_conn(Conn& c);
   void hello_validated(Conn& c);
   void finish(Pair& p, Conn& c, bool relay);
   void drop_candidates(Pair& p, const Conn* keep);
   void on_timers(TimePoint now);
-  void reschedule(Pair& p, TimePoint now);
+  // Next connect attempt after a jittered backoff. A refused/reset connect (a router or
+  // kernel answered) retries fast: with routers that reset unsolicited SYNs, a punch only
+  // succeeds when both sides' SYNs cross within about one round trip, so attempts must be
+  // frequent and desynchronized; silent failures back off further.
+  void reschedule(Pair& p, TimePoint now, bool refused = false);
   void queue_hello(Conn& c);
   int pending() const;
 
   ControlConnection& ctl_;
   const JoinOptions& o_;
   TimePoint deadline_;
+  TimePoint start_ = Clock::now();
   TimePoint punch_deadline_;
+  TimePoint next_wake_;
   double attempt_timeout_s_ = 0.5;
   int me_, size_;
   std::mt19937 rng_;
@@ -134,10 +167,12 @@ void Puncher::start_attempt(Pair& p, TimePoint now) {
     return;
   }
   int rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&p.addr), sizeof p.addr);
+  PUNCH_TRACE("connect to rank %d at %s: %s", p.peer, net::to_string(p.addr).c_str(),
+              rc == 0 ? "connected" : net::errno_text(errno).c_str());
   if (rc < 0 && errno != EINPROGRESS) {
     // ECONNREFUSED/ECONNRESET: a router or the peer's kernel answered early; EADDRNOTAVAIL:
     // the same address pair was already accepted by our listener (it will show up there).
-    reschedule(p, now);
+    reschedule(p, now, errno == ECONNREFUSED || errno == ECONNRESET);
     return;
   }
   Conn* c = add_conn(std::move(fd), true, false, p.peer, Phase::Connecting);
@@ -148,14 +183,21 @@ void Puncher::start_attempt(Pair& p, TimePoint now) {
   }
 }
 
-void Puncher::reschedule(Pair& p, TimePoint now) {
+void Puncher::reschedule(Pair& p, TimePoint now, bool refused) {
   std::uniform_real_distribution<double> jitter(0.5, 1.5);
-  double d = p.backoff_s * jitter(rng_);
-  p.backoff_s = std::min(p.backoff_s * 1.6, 0.25);
+  double d;
+  if (refused) {
+    d = p.refused_backoff_s * jitter(rng_);
+    p.refused_backoff_s = std::min(p.refused_backoff_s * 1.1, 0.02);
+  } else {
+    d = p.backoff_s * jitter(rng_);
+    p.backoff_s = std::min(p.backoff_s * 1.6, 0.25);
+  }
   p.next_attempt = now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(d));
 }
 
 void Puncher::open_relay(Pair& p) {
+  PUNCH_TRACE("rank %d: opening a relay half", p.peer);
   p.relay_opened = true;
   net::Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd) throw CommError("socket() failed: " + net::errno_text(errno));
@@ -173,13 +215,14 @@ void Puncher::accept_all() {
   for (;;) {
     int fd = ::accept4(ctl_.listener().get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;  // EAGAIN or a transient error: the listener stays polled
+    PUNCH_TRACE("accepted from %s", net::to_string(net::peer_address(fd)).c_str());
     add_conn(net::Fd(fd), false, false, -1, Phase::Handshake);
   }
 }
 
-void Puncher::fail_conn(Conn& c, const std::string& why) {
-  (void)why;
+void Puncher::fail_conn(Conn& c, const std::string& why, int err) {
   if (c.closed) return;
+  PUNCH_TRACE("%s connection (rank %d) dropped: %s", c.outgoing ? "outgoing" : "accepted", c.peer, why.c_str());
   c.closed = true;
   c.fd.reset();
   if (c.relay) {
@@ -191,7 +234,7 @@ void Puncher::fail_conn(Conn& c, const std::string& why) {
     if (c.phase == Phase::Flush) p.selecting = false;
     if (p.attempt == &c) {
       p.attempt = nullptr;
-      reschedule(p, Clock::now());
+      reschedule(p, Clock::now(), err == ECONNREFUSED || err == ECONNRESET);
     }
   }
 }
@@ -226,6 +269,8 @@ void Puncher::drop_candidates(Pair& p, const Conn* keep) {
 }
 
 void Puncher::finish(Pair& p, Conn& c, bool relay) {
+  PUNCH_TRACE("rank %d: %s channel established (%s)", p.peer, relay ? "relay" : "direct",
+              c.outgoing ? "connected by us" : "accepted");
   p.state = PairState::Done;
   p.link.relay = relay;
   p.link.address = relay ? net::to_string(ctl_.server()) : net::to_string(net::peer_address(c.fd.get()));
@@ -349,10 +394,11 @@ void Puncher::on_event(Conn& c, short revents, TimePoint now) {
       if (c.relay)
         throw CommError("cannot reach the rendezvous server at " + net::to_string(ctl_.server()) +
                         " for a relay to rank " + std::to_string(c.peer) + ": " + net::errno_text(err));
-      fail_conn(c, net::errno_text(err));
+      fail_conn(c, net::errno_text(err), err);
       return;
     }
     if (!(revents & POLLOUT)) return;
+    PUNCH_TRACE("%s to rank %d connected", c.relay ? "relay" : "direct connect", c.peer);
     if (c.relay) {
       c.phase = Phase::RelayLine;
     } else {
@@ -382,6 +428,8 @@ void Puncher::on_event(Conn& c, short revents, TimePoint now) {
 
 void Puncher::on_timers(TimePoint now) {
   bool past_punch = now >= punch_deadline_;
+  next_wake_ = std::min(deadline_, now + std::chrono::milliseconds(20));
+  if (!past_punch) next_wake_ = std::min(next_wake_, punch_deadline_);
   for (Pair& p : pairs_) {
     if (p.peer == me_ || p.state == PairState::Done || p.selecting) continue;
     if (p.state == PairState::Punching && (past_punch || !o_.allow_direct)) {
@@ -408,6 +456,7 @@ void Puncher::on_timers(TimePoint now) {
     for (const Conn& c : conns_)
       if (!c.closed && !c.relay && c.peer == p.peer) candidate = true;
     if (!candidate && now >= p.next_attempt) start_attempt(p, now);
+    if (!candidate && !p.attempt) next_wake_ = std::min(next_wake_, p.next_attempt);
   }
 }
 
@@ -457,7 +506,7 @@ std::vector<Link> Puncher::run() {
       pfds.push_back({c.fd.get(), ev, 0});
       owners.push_back(&c);
     }
-    int rc = ::poll(pfds.data(), pfds.size(), net::ms_until(std::min(deadline_, now + std::chrono::milliseconds(20))));
+    int rc = ::poll(pfds.data(), pfds.size(), ms_until_precise(next_wake_));
     if (rc < 0 && errno != EINTR) throw CommError("poll failed: " + net::errno_text(errno));
     if (rc <= 0) continue;
     now = Clock::now();

@@ -443,3 +443,70 @@ TEST_F(Transport, KilledPeerRaisesPeerLostError) {
   EXPECT_THROW(c->recv(1, 3), PeerLostError);
   c->close();
 }
+
+// A peer that goes silent without closing (SIGSTOP: no FIN, no pings, like a host that
+// vanished behind a NAT): after 4 * keepalive_s + 1 s of silence the survivor's pending
+// receive raises PeerLostError naming the rank, before its own timeout.
+TEST_F(Transport, SilentPeerIsDeclaredLostByMissingKeepalives) {
+  auto o = opts(unique_group("silent"), 2);
+  o.keepalive_s = 0.25;
+  o.timeout_s = 20;
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(ready[0]);
+    try {
+      JoinOptions co = o;
+      co.rank = 1;
+      auto c = Communicator::join(co);
+      char b = 'r';
+      if (write(ready[1], &b, 1) != 1) _exit(3);
+      pause();
+    } catch (...) {
+      _exit(2);
+    }
+    _exit(0);
+  }
+  ::close(ready[1]);
+  JoinOptions po = o;
+  po.rank = 0;
+  auto c = Communicator::join(po);
+  char b = 0;
+  ASSERT_EQ(read(ready[0], &b, 1), 1);
+  ::close(ready[0]);
+  kill(child, SIGSTOP);
+  try {
+    c->recv(1, 0);
+    FAIL() << "expected PeerLostError";
+  } catch (const PeerLostError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("keep-alive"), std::string::npos) << e.what();
+  }
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  c->close();
+}
+
+TEST_F(Transport, TwelveRanksEveryPairExchanges) {
+  const int n = 12;
+  with_group(opts(unique_group("twelve"), n), n, [&](Communicator& c) {
+    std::vector<int> mine(static_cast<size_t>(n));
+    std::vector<RequestPtr> reqs;
+    for (int p = 0; p < n; ++p) {
+      mine[static_cast<size_t>(p)] = c.rank() * 100 + p;
+      if (p != c.rank()) reqs.push_back(c.isend(&mine[static_cast<size_t>(p)], sizeof(int), p, 4));
+    }
+    for (int p = 0; p < n; ++p) {
+      if (p == c.rank()) continue;
+      int v = -1;
+      std::memcpy(&v, c.recv(p, 4)->data.data(), sizeof v);
+      EXPECT_EQ(v, p * 100 + c.rank());
+    }
+    for (auto& r : reqs) r->wait();
+    for (const auto& s : c.stats())
+      if (s.rank != c.rank()) EXPECT_EQ(s.mode, "direct");
+  });
+}
