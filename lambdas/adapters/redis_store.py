@@ -13,6 +13,9 @@ batch at once, so a batch of 10,000 tasks costs a handful of round trips. Key la
   done:<owner>     stream of completed task ids, read by long-polling status calls
   outbox           list of history records to write to DynamoDB off the hot path
   idem:<owner>:<k> cached answer of a submission with an idempotency key
+  load:<endpoint>  hash: function tag ('_' untagged) -> tasks queued to or running on the
+                   endpoint, not yet final; changed in the same scripts as the states
+                   (placement's live state at service level: lambdas/core/groups.py)
 """
 from __future__ import annotations
 
@@ -32,12 +35,30 @@ local owner, sub = ARGV[3], ARGV[4]
 for i, t in ipairs(tasks) do
   redis.call('HSET', 't:' .. t[1], 'o', owner, 'f', t[2], 'e', t[3], 'sub', sub, 's', 'QUEUED',
              'r', 0, 'mr', t[5], 'c', now, 'p', t[4], 'ev', 'CREATED@' .. now .. ';QUEUED@' .. ARGV[5] .. ';')
+  local tag = t[6]
+  if tag and tag ~= cjson.null and tag ~= '' then
+    redis.call('HSET', 't:' .. t[1], 'tg', tag)
+  else
+    tag = '_'
+  end
+  if t[3] ~= '' then redis.call('HINCRBY', 'load:' .. t[3], tag, 1) end
 end
 return #tasks
 """
 
+# A task leaving for a final state no longer loads its endpoint (see load:<endpoint>).
+_UNLOAD = """
+local function unload(key)
+  local v = redis.call('HMGET', key, 'e', 'tg')
+  if v[1] and v[1] ~= '' then
+    local field = v[2] or '_'
+    if redis.call('HINCRBY', 'load:' .. v[1], field, -1) <= 0 then redis.call('HDEL', 'load:' .. v[1], field) end
+  end
+end
+"""
+
 # A final state is written once; duplicates (redelivered packs) are counted and ignored.
-_FINISH = """
+_FINISH = _UNLOAD + """
 local rows = cjson.decode(ARGV[1])
 local now = ARGV[2]
 local done = {}
@@ -58,6 +79,7 @@ for i, r in ipairs(rows) do
     if r[8] and r[8] ~= cjson.null then redis.call('HSET', key, 'se', r[8]) end
     redis.call('HSET', key, 'ev', (redis.call('HGET', key, 'ev') or '') .. r[6] .. r[2] .. '@' .. now .. ';STORED@' .. now .. ';')
     redis.call('HDEL', key, 'p')
+    unload(key)
     redis.call('ZREM', 'leases', r[1])
     redis.call('ZADD', 'purge', tonumber(now) + tonumber(ARGV[3]), r[1])
     redis.call('RPUSH', 'outbox', r[1])
@@ -100,7 +122,7 @@ return applied
 """
 
 # Expired leases: back to QUEUED with one more retry, or FAILED past the retry budget.
-_EXPIRE = """
+_EXPIRE = _UNLOAD + """
 local now = ARGV[1]
 local ids = redis.call('ZRANGEBYSCORE', 'leases', '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
 local requeued, failed = 0, 0
@@ -115,6 +137,7 @@ for i, id in ipairs(ids) do
       redis.call('HSET', key, 's', 'FAILED', 'why', 'lease expired ' .. r .. ' times (the endpoint agent running it was lost); retry budget max_retries=' .. mr .. ' exhausted',
                  'ev', (redis.call('HGET', key, 'ev') or '') .. 'FAILED@' .. now .. ';')
       redis.call('HDEL', key, 'p')
+      unload(key)
       redis.call('ZADD', 'purge', tonumber(now) + tonumber(ARGV[3]), id)
       redis.call('RPUSH', 'outbox', id)
       local owner = redis.call('HGET', key, 'o')
@@ -129,7 +152,7 @@ end
 return {requeued, failed}
 """
 
-_CANCEL = """
+_CANCEL = _UNLOAD + """
 local key = 't:' .. ARGV[1]
 local s = redis.call('HGET', key, 's')
 if not s then return false end
@@ -139,6 +162,7 @@ if s == 'SUCCEEDED' or s == 'FAILED' or s == 'TIMED_OUT' then return {s, false} 
 redis.call('HSET', key, 's', 'CANCELLED', 'why', 'cancelled by its owner',
            'ev', (redis.call('HGET', key, 'ev') or '') .. 'CANCELLED@' .. ARGV[3] .. ';')
 redis.call('HDEL', key, 'p')
+unload(key)
 redis.call('ZREM', 'leases', ARGV[1])
 redis.call('ZADD', 'purge', tonumber(ARGV[3]) + tonumber(ARGV[4]), ARGV[1])
 redis.call('RPUSH', 'outbox', ARGV[1])
@@ -213,7 +237,8 @@ class TaskStore:
 
     # --- submission -------------------------------------------------------------
     def create(self, owner: str, submission_id: str, rows: list[list[Any]], created: float, queued: float) -> int:
-        """rows: [task_id, function_id, endpoint_id, payload, max_retries]; all start QUEUED."""
+        """rows: [task_id, function_id, endpoint_id, payload, max_retries(, function tag)]; all
+        start QUEUED and count in load:<endpoint> until final (an empty endpoint_id: none)."""
         return int(self._create(args=[orjson.dumps(rows), f"{created:.6f}", owner, submission_id, f"{queued:.6f}"]))
 
     def fail_unqueued(self, task_ids: list[str], reason: str) -> None:

@@ -99,6 +99,8 @@ class TaskRequest(_Body):
     function_id: str = Field(min_length=1, max_length=64)
     payload: str = Field(max_length=MAX_PAYLOAD_BYTES, description="serialized (args, kwargs) buffer")
     endpoint_id: Optional[str] = Field(default=None, max_length=64, description="overrides the batch's endpoint")
+    group_id: Optional[str] = Field(default=None, max_length=64, description="an endpoint group: its policy picks "
+                                                                            "the endpoint (instead of endpoint_id)")
     container: Optional[str] = Field(default=None, max_length=512)
     max_retries: Optional[int] = Field(default=None, ge=0, le=100)
     walltime: Optional[float] = Field(default=None, gt=0, le=7 * 24 * 3600)
@@ -107,6 +109,8 @@ class TaskRequest(_Body):
 
 class SubmitTasks(_Body):
     endpoint_id: Optional[str] = Field(default=None, max_length=64)
+    group_id: Optional[str] = Field(default=None, max_length=64, description="endpoint group for every task "
+                                                                            "without its own target")
     idempotency_key: Optional[str] = Field(default=None, min_length=1, max_length=128)
     max_retries: int = Field(default=3, ge=0, le=100)
     tasks: list[TaskRequest] = Field(min_length=1, max_length=MAX_BATCH)
@@ -156,3 +160,41 @@ class ErrorBody(BaseModel):
     error: str
     message: str
     details: Optional[Any] = None
+
+
+# --- endpoint groups (placement, issue 6): POST /endpoint-groups ---------------------
+MAX_GROUP_MEMBERS = 256
+MAX_POLICY_BYTES = 256 << 10
+
+
+class GroupMember(_Body):
+    endpoint_id: str = Field(min_length=1, max_length=64)
+    name: Optional[str] = Field(default=None, pattern=NAME_PATTERN,
+                                description="the worker name the policy uses (default: the endpoint's name)")
+
+
+class CreateEndpointGroup(_Body):
+    name: str = Field(pattern=NAME_PATTERN)
+    members: list[GroupMember] = Field(min_length=1, max_length=MAX_GROUP_MEMBERS)
+    policy: Optional[str] = Field(default=None, max_length=MAX_POLICY_BYTES,
+                                  description="aAPP placement policy (YAML); default: shortest_backlog over "
+                                              "every member")
+
+
+class GroupMemberInfo(BaseModel):
+    name: str
+    endpoint_id: str
+    status: str
+    capacity: int = Field(description="worker slots from the endpoint's last heartbeat (0: unknown)")
+    backlog: int = Field(description="tasks queued to or running on the endpoint, not yet final")
+    tags: dict[str, int] = Field(default_factory=dict, description="unfinished tasks per function tag")
+
+
+class EndpointGroupInfo(BaseModel):
+    group_id: str
+    name: str
+    owner: str
+    created: float
+    policy: str
+    members: list[GroupMemberInfo]
+    warnings: list[dict[str, Any]] = Field(default_factory=list, description="policy warnings (line, key, reason)")

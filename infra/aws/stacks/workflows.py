@@ -53,7 +53,7 @@ class WorkflowsStack(Stack):
             if "dynamodb" in step.needs:
                 for table in ("functions", "endpoints", "tasks"):
                     data.tables[table].grant_read_data(fn)
-            if key in SUBMITTING_STEPS:
+            if key in SUBMITTING_STEPS or "sqs" in step.needs:
                 fn.add_to_role_policy(service.endpoint_queue_statement(send=True))
             self.functions[key] = fn
 
