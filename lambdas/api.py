@@ -44,6 +44,8 @@ from skyfn.protocol.api import (
     TaskStatus,
 )
 from skyfn.protocol.workflows import BatchStatus, BatchSubmitted, RunFlow, RunGroup, RunStarted, RunStatus, SubmitBatch
+from lambdas.core import groups  # endpoint groups (placement)
+from skyfn.protocol.api import CreateEndpointGroup, EndpointGroupInfo
 
 logger = Logger(service="skyfn-api")
 metrics = Metrics(namespace="skyfn", service="api")
@@ -190,6 +192,17 @@ def get_task(task_id: IdPath):
 @app.delete("/tasks/<task_id>", responses={**_ok(200, TaskStatus), **_errors(401, 404, 409, 422)})
 def cancel_task(task_id: IdPath):
     return _json(200, tasks.cancel(_user(), task_id).model_dump(exclude_none=True))
+
+
+# --- endpoint groups (placement: aAPP policies choose the endpoint) -------------------
+@app.post("/endpoint-groups", responses={**_ok(201, EndpointGroupInfo), **_errors(401, 422)})
+def create_endpoint_group(body: Annotated[CreateEndpointGroup, Body()]):
+    return _json(201, groups.create(_user(), body))
+
+
+@app.get("/endpoint-groups/<group_id>", responses={**_ok(200, EndpointGroupInfo), **_errors(401, 404, 422)})
+def get_endpoint_group(group_id: IdPath):
+    return _json(200, groups.info(_user(), group_id))
 
 
 # --- workflows (Step Functions; docs/workflows.md) ------------------------------------

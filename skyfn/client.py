@@ -6,8 +6,10 @@ is built per task on the hot path); answers are read as plain dicts too.
 """
 from __future__ import annotations
 
+import os
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Union
 from urllib.parse import quote
 
@@ -193,15 +195,17 @@ class Client:
         return fid
 
     # -- submitting -----------------------------------------------------------------
-    def run(self, function_id: FunctionRef, *args: Any, endpoint_id: Optional[str] = None, **kwargs: Any) -> str:
+    def run(self, function_id: FunctionRef, *args: Any, endpoint_id: Optional[str] = None,
+            group_id: Optional[str] = None, **kwargs: Any) -> str:
         """Run one task and return its task id. ``function_id`` may also be a callable,
-        registered on first use."""
-        if not endpoint_id:
-            raise ValueError("endpoint_id is required (look one up with client.endpoint_id('local'))")
+        registered on first use. Give ``endpoint_id``, or ``group_id`` (an endpoint group:
+        its placement policy picks the endpoint)."""
+        if not endpoint_id and not group_id:
+            raise ValueError("endpoint_id (or group_id) is required (look one up with client.endpoint_id('local'))")
         if not isinstance(function_id, str):
             function_id = self._function_id_for(function_id)
         task = {"function_id": function_id, "payload": pack_args(args, kwargs)}
-        return self.submit_tasks([task], endpoint_id)[0]
+        return self.submit_tasks([task], endpoint_id, group_id=group_id)[0]
 
     def create_batch(self, endpoint_id: Optional[str] = None, resource_specification: Optional[dict] = None,
                      walltime: Optional[float] = None) -> Batch:
@@ -215,7 +219,8 @@ class Client:
             return []
         return self.submit_tasks(batch.tasks, batch.endpoint_id)
 
-    def submit_tasks(self, tasks: list[dict], endpoint_id: Optional[str] = None, *, max_retries: Optional[int] = None) -> list[str]:
+    def submit_tasks(self, tasks: list[dict], endpoint_id: Optional[str] = None, *, max_retries: Optional[int] = None,
+                     group_id: Optional[str] = None) -> list[str]:
         """POST /tasks for ready-made task dicts (``{"function_id", "payload"[, "endpoint_id"]}``),
         split into requests of at most ~5,000 tasks / ~8 MB, each with its own idempotency
         key that is reused by every retry of that request."""
@@ -224,6 +229,8 @@ class Client:
             body: dict[str, Any] = {"tasks": chunk, "idempotency_key": uuid.uuid4().hex}
             if endpoint_id:
                 body["endpoint_id"] = endpoint_id
+            if group_id:
+                body["group_id"] = group_id
             if max_retries is not None:
                 body["max_retries"] = max_retries
             try:
@@ -356,6 +363,41 @@ class Client:
         eid = matches[0]["endpoint_id"]
         self._endpoint_ids[name] = eid
         return eid
+
+    # -- endpoint groups ------------------------------------------------------------
+    def create_group(self, name: str, members: Iterable[Union[str, dict]],
+                     policy: Union[str, "os.PathLike[str]", None] = None) -> dict:
+        """Create an endpoint group and return it (``group_id``, members, policy, warnings).
+
+        ``members``: endpoint names or ids (a name is also the member's worker name in the
+        policy), or ``{"endpoint_id": ..., "name": ...}`` dicts. ``policy``: aAPP YAML text or
+        a path (``pathlib.Path``) to a file; None = shortest backlog over every member. A
+        policy the service rejects raises SkyfnAPIError (422) naming line, key and reason.
+        Submit with ``run(..., group_id=...)``, ``submit_tasks(..., group_id=...)`` or
+        ``Executor(group=...)``."""
+        listed = []
+        for m in members:
+            if isinstance(m, dict):
+                listed.append(m)
+            else:
+                listed.append({"endpoint_id": self.endpoint_id(m), "name": m} if not _looks_like_id(m)
+                              else {"endpoint_id": m})
+        body: dict[str, Any] = {"name": name, "members": listed}
+        if policy is not None:
+            body["policy"] = Path(policy).read_text() if isinstance(policy, os.PathLike) else policy
+        return self._http.post("/endpoint-groups", body)
+
+    def get_group(self, group_id: str) -> dict:
+        """An endpoint group with its members' live figures (status, capacity, backlog, tags)."""
+        return self._http.get(f"/endpoint-groups/{quote(group_id, safe='')}")
+
+
+def _looks_like_id(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+        return True
+    except ValueError:
+        return False
 
 
 def _guard_short_poll(t0: float, wait: float) -> None:

@@ -90,10 +90,13 @@ class Executor(_BaseExecutor):
         tag: Optional[str] = None,
         resource_specification: Optional[dict] = None,
         walltime: Optional[float] = None,
+        group: Optional[str] = None,
     ):
         self._own_client = client is None
         self.client = client if client is not None else Client()
-        self.endpoint_id = endpoint_id or self.client.endpoint_id(endpoint)
+        # group: an endpoint group's id (Client.create_group): its policy places each task
+        self.group_id = group
+        self.endpoint_id = None if group else (endpoint_id or self.client.endpoint_id(endpoint))
         self.batch_size = max(1, min(int(batch_size), 5_000))
         self.batch_interval = max(0.0, float(batch_interval))
         self.poll_wait = max(0.0, float(poll_wait))
@@ -293,7 +296,7 @@ class Executor(_BaseExecutor):
             items = live[start : start + len(chunk)]
             start += len(chunk)
             try:
-                ids = self.client.submit_tasks(chunk, self.endpoint_id)
+                ids = self.client.submit_tasks(chunk, self.endpoint_id, group_id=self.group_id)
             except Exception as exc:  # already retried with the same idempotency key
                 with self._cv:
                     self._inflight = self._inflight[len(items):]

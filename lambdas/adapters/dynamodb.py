@@ -110,6 +110,15 @@ class Dynamo:
         item = self.endpoints.get_item(Key={"endpoint_id": endpoint_id}).get("Item")
         return _plain(item) if item and "owner" in item else None
 
+    # --- endpoint groups: items 'group#<id>' of the endpoints table. Their owner is kept
+    # as 'group_owner', so the owner-index (endpoint listing) never sees them.
+    def put_group(self, item: dict[str, Any]) -> None:
+        self.endpoints.put_item(Item=_dynamo({**item, "endpoint_id": f"group#{item['group_id']}"}))
+
+    def get_group(self, group_id: str) -> dict[str, Any] | None:
+        item = self.endpoints.get_item(Key={"endpoint_id": f"group#{group_id}"}).get("Item")
+        return _plain(item) if item and "group_owner" in item else None
+
     def list_endpoints(self, owner: str) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         kwargs: dict[str, Any] = {"IndexName": "owner-index", "KeyConditionExpression": Key("owner").eq(owner)}

@@ -14,7 +14,7 @@ import orjson
 
 from aws_lambda_powertools import Logger
 
-from lambdas.core import deps, registry
+from lambdas.core import deps, groups, registry
 from lambdas.core.errors import Conflict, NotFound, Unavailable
 from lambdas.core.ids import is_uuid, new_id, new_ids
 from skyfn.protocol.api import SubmitTasks, TaskInfo, TaskStatus
@@ -52,28 +52,28 @@ def submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> t
 def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> dict[str, Any]:
     created = time.time()
     tasks = req.tasks
-    default_ep = req.endpoint_id
-    missing = [i for i, t in enumerate(tasks) if not (t.endpoint_id or default_ep)]
-    if missing:
-        raise NotFound(f"task {missing[0]} has no endpoint: give endpoint_id for the batch or for each task")
-    for ep in {t.endpoint_id or default_ep for t in tasks}:
-        registry.check_endpoint(owner, ep)
     functions = registry.function_bodies(owner, {t.function_id for t in tasks})
     bodies = {fid: body for fid, (body, _) in functions.items()}
     containers = {fid: container for fid, (_, container) in functions.items()}
+    # each task's endpoint: its own or the batch's, or one its endpoint group's policy picks
+    routing = groups.route(owner, req, containers)
 
     submission_id = new_id()
     task_ids = task_ids or new_ids(len(tasks))
     by_endpoint: dict[str, list[int]] = {}
     rows = []
     for i, (tid, t) in enumerate(zip(task_ids, tasks)):
-        ep = t.endpoint_id or default_ep
-        by_endpoint.setdefault(ep, []).append(i)
-        rows.append([tid, t.function_id, ep, t.payload, t.max_retries if t.max_retries is not None else req.max_retries])
+        ep = routing.endpoints[i]
+        if ep:
+            by_endpoint.setdefault(ep, []).append(i)
+        rows.append([tid, t.function_id, ep, t.payload, t.max_retries if t.max_retries is not None else req.max_retries,
+                     routing.tags.get(t.function_id)])
 
     store = deps.store()
     queued = time.time()
     store.create(owner, submission_id, rows, created, queued)
+    if routing.refused:  # the group's policy placed them nowhere (followup: fail)
+        store.finish([[task_ids[i], "FAILED", None, None, reason, ""] for i, reason in routing.refused.items()])
     sent: set[str] = set()
     try:
         for ep, indices in by_endpoint.items():

@@ -134,6 +134,22 @@ class Scheduler:
                 self.state._start(self.state.workers[d.worker], tag)
             return d
 
+    def cursors(self) -> dict[str, int]:
+        """Round-robin positions by block ("<tag>#<block number>"), to carry them across
+        processes (the service decides per request, in whichever Lambda runs it)."""
+        names = self._block_names()
+        return {names[k]: v for k, v in self._cursor.items() if k in names}
+
+    def set_cursors(self, cursors: dict[str, int]) -> None:
+        ids = {name: k for k, name in self._block_names().items()}
+        for name, pos in cursors.items():
+            if name in ids and isinstance(pos, int) and pos >= 0:
+                self._cursor[ids[name]] = pos
+
+    def _block_names(self) -> dict[int, str]:
+        tps = [*self.policy.tags.values(), self.policy.default]
+        return {id(b): f"{tp.name}#{n}" for tp in tps for n, b in enumerate(tp.blocks, 1)}
+
     # --- core ------------------------------------------------------------------------
     def _plan(self, tag: Optional[str]) -> list[tuple[TagPolicy, str]]:
         policy = self.policy
