@@ -30,8 +30,12 @@ class LambdaStep:
     timeout_seconds: int = 60
     memory_mb: int = 512
     # What the handler reaches (CDK grants exactly these): "redis", "s3" (payload
-    # bucket read/write), "dynamodb" (registry tables, read), "rendezvous_secret".
+    # bucket read/write), "dynamodb" (registry tables, read), "sqs" (endpoint task queues:
+    # send, and read their attributes for the backlog), "rendezvous_secret".
     needs: tuple[str, ...] = ("redis",)
+    # Source packages of this repository the handler imports beyond lambdas/ and
+    # skyfn/protocol/ (the function's code archive must contain them).
+    packages: tuple[str, ...] = ()
     # Environment variables the handler reads, beyond the common service ones
     # (SKYFN_REDIS_URL, SKYFN_TABLE_PREFIX, SKYFN_BUCKET, SKYFN_QUEUE_KIND, SKYFN_SQS_PREFIX).
     env: tuple[str, ...] = ()
@@ -68,20 +72,21 @@ class StateMachine:
 ROUTE_CHUNK = LambdaStep(
     key="RouteChunk", handler="lambdas.workflows.route_chunk.handler",
     description="Batch fan-out: reads one chunk of a staged batch from S3, routes and enqueues its tasks",
-    timeout_seconds=120, memory_mb=1024, needs=("redis", "s3", "dynamodb"))
+    timeout_seconds=120, memory_mb=1024, needs=("redis", "s3", "dynamodb", "sqs"))
 BATCH_PROGRESS = LambdaStep(
     key="BatchProgress", handler="lambdas.workflows.batch_progress.handler",
-    description="Batch fan-out: counts the batch's finished tasks (polled between Wait states) and writes the summary",
-    timeout_seconds=120, memory_mb=1024, needs=("redis",))
+    description="Batch fan-out: counts the batch's finished tasks (polled between Wait states); records chunks "
+                "that could not be routed (reads the chunk from S3, fails its tasks)",
+    timeout_seconds=120, memory_mb=1024, needs=("redis", "s3"))
 RUN_TASK = LambdaStep(
     key="RunTask", handler="lambdas.workflows.run_task.handler",
     description="Flows and SPMD ranks: submits one task through the service core and waits for its result",
-    timeout_seconds=60, memory_mb=512, needs=("redis", "dynamodb"))
+    timeout_seconds=60, memory_mb=512, needs=("redis", "dynamodb", "sqs"))
 SPMD_INIT = LambdaStep(
     key="SpmdInit", handler="lambdas.workflows.spmd_init.handler",
     description="SPMD group: creates the group id, its rendezvous token and one item per rank",
-    timeout_seconds=30, memory_mb=256, needs=("redis", "rendezvous_secret"),
-    env=("SKYFN_RENDEZVOUS_ADDRESS", "SKYFN_RENDEZVOUS_SECRET"))
+    timeout_seconds=30, memory_mb=256, needs=("redis", "dynamodb", "sqs", "rendezvous_secret"),
+    env=("SKYFN_RENDEZVOUS_ADDRESS", "SKYFN_RENDEZVOUS_SECRET"), packages=("rendezvous",))
 
 STEPS: dict[str, LambdaStep] = {s.key: s for s in (ROUTE_CHUNK, BATCH_PROGRESS, RUN_TASK, SPMD_INIT)}
 
