@@ -1,8 +1,9 @@
 """Zero-copy relaying between two connected sockets with Linux splice(2).
 
 Each direction moves bytes socket -> pipe -> socket inside the kernel (os.splice), driven
-by the event loop's add_reader/add_writer; Python never touches the payload. Relayed
-pairs reach about twice the bandwidth of forwarding through Protocol.data_received.
+by the event loop's add_reader/add_writer; Python never touches the payload. On loopback
+this measured 1.1x (asyncio loop) to 1.4x (uvloop) the bandwidth of forwarding through
+Protocol.data_received, with less server CPU.
 A half-close (EOF) is forwarded as shutdown(SHUT_WR); an error in either direction
 closes both sockets. `available()` says whether this platform can splice.
 """
