@@ -395,19 +395,26 @@ def _pump(sock, data, out, key):
     sock.close()
 
 
-def test_relay_splices_both_directions_byte_exact(relay_server, gid):
-    g = gid()
-    t = tok(g)
-    data = {0: os.urandom(6 * 1024 * 1024 + 17), 1: os.urandom(3 * 1024 * 1024 + 5)}
+def open_relay_pair(handle, group, token):
+    """Both halves of a relay between ranks 0 and 1 (each blocks until the other arrives)."""
     socks = {}
 
-    def open_half(me, other):
-        socks[me] = client.relay(relay_server.address, g, t, me, other, timeout=10)
-    threads = [threading.Thread(target=open_half, args=(0, 1)), threading.Thread(target=open_half, args=(1, 0))]
+    def open_half(me):
+        socks[me] = client.relay(handle.address, group, token, me, 1 - me, timeout=10)
+    threads = [threading.Thread(target=open_half, args=(r,)) for r in (0, 1)]
     for th in threads:
         th.start()
     for th in threads:
         th.join()
+    assert sorted(socks) == [0, 1], "a relay half did not open"
+    return socks
+
+
+def test_relay_splices_both_directions_byte_exact(relay_server, gid):
+    g = gid()
+    t = tok(g)
+    data = {0: os.urandom(6 * 1024 * 1024 + 17), 1: os.urandom(3 * 1024 * 1024 + 5)}
+    socks = open_relay_pair(relay_server, g, t)
     out = {}
     pumps = [threading.Thread(target=_pump, args=(socks[r], data[r], out, r)) for r in (0, 1)]
     for th in pumps:
@@ -424,15 +431,7 @@ def test_relay_splices_both_directions_byte_exact(relay_server, gid):
 def test_relay_holds_back_a_writer_whose_reader_does_not_read(relay_server, gid):
     g = gid()
     t = tok(g)
-    socks = {}
-
-    def open_half(me, other):
-        socks[me] = client.relay(relay_server.address, g, t, me, other, timeout=10)
-    threads = [threading.Thread(target=open_half, args=(0, 1)), threading.Thread(target=open_half, args=(1, 0))]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    socks = open_relay_pair(relay_server, g, t)
     data = os.urandom(1 << 20) * 64        # far more than every buffer on the way can hold
     sender = threading.Thread(target=lambda: (socks[0].sendall(data), socks[0].shutdown(socket.SHUT_WR)))
     sender.start()
