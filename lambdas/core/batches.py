@@ -40,7 +40,7 @@ MAX_REPORTED_CHUNKS = 100   # failed chunks listed in a summary (the state paylo
 # A standard execution has at most 25,000 history events; one check-choice-wait round costs
 # about 9, so the wait grows with the deadline to keep the loop under this many rounds.
 MAX_CHECKS = 2000
-FINAL = ("SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED")
+FINAL_BATCH_STATES = ("COMPLETE", "NOT_ROUTED", "TIMED_OUT")
 
 # Moves finished tasks out of the pending set and counts their final states, atomically
 # (two concurrent checks never count a task twice). A record gone from the hot store
@@ -252,3 +252,15 @@ def progress(batch_id: str, poll_seconds: int = 2, final_check: bool = True) -> 
     return {"batch_id": batch_id, "state": state, "total": total, "routed": routed, "pending": pending,
             "counts": counts, "failed_chunks": failed[:MAX_REPORTED_CHUNKS],
             "wait_seconds": max(int(poll_seconds), math.ceil((float(rec["d"]) - float(rec["c"])) / MAX_CHECKS))}
+
+
+def delete_staged(bucket: str, batch_id: str) -> int:
+    """Delete the batch's staged chunks and manifest (the payloads live on in the task
+    store only as long as the tasks need them); returns how many objects were deleted."""
+    client, deleted = aws.s3(), 0
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"batches/{batch_id}/"):
+        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if keys:
+            client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+            deleted += len(keys)
+    return deleted
