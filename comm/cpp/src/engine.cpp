@@ -13,9 +13,10 @@ namespace skyfn::comm {
 
 namespace {
 
-constexpr size_t kStageSize = 256 * 1024;
+// Per-channel staging buffer for headers and small payloads (one syscall reads many).
+constexpr size_t kStageSize = 64 * 1024;
 // Payloads with at least this much left are read straight into the message buffer.
-constexpr size_t kDirectRead = 64 * 1024;
+constexpr size_t kDirectRead = 32 * 1024;
 constexpr size_t kMaxIo = size_t(1) << 30;  // per syscall; Linux caps one call near 2 GiB
 // Channel sockets are blocking (every call but the blocking-receive shortcut passes
 // MSG_DONTWAIT); a blocking recv() gives up after this slice so deadlines are checked.
