@@ -1,7 +1,7 @@
 """What the stacks deploy from this checkout, prepared without Docker:
 
-- the function code: lambdas/, skyfn/__init__.py, skyfn/protocol/ and stepfunctions/
-  copied into build/aws/function (the handlers import nothing else of ours);
+- the function code: lambdas/, skyfn/__init__.py, skyfn/protocol/, stepfunctions/ and the
+  packages workflow steps declare (catalog `packages`), copied into build/aws/function;
 - the dependency layer: the handlers' third-party imports (LAYER_PACKAGES, at the versions
   requirements.txt pins) installed as Linux/arm64 wheels by pip. This is CDK *local*
   bundling: it runs when a stack's assets are bundled (`cdk synth`, `cdk deploy`), never
@@ -25,10 +25,14 @@ from aws_cdk import AssetHashType, BundlingOptions, DockerImage, ILocalBundling
 from aws_cdk import aws_lambda as lambda_
 
 from infra.aws.config import LAYER_PACKAGES, LAYER_PLATFORM, PYTHON_RUNTIME
+from stepfunctions.catalog import STEPS
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "build" / "aws"
-FUNCTION_SOURCES = ("lambdas", "skyfn/__init__.py", "skyfn/protocol", "stepfunctions")
+# The handlers import lambdas/, skyfn.protocol and stepfunctions/; workflow steps may need
+# more of this repository (stepfunctions.catalog LambdaStep.packages, e.g. rendezvous).
+FUNCTION_SOURCES = ("lambdas", "skyfn/__init__.py", "skyfn/protocol", "stepfunctions",
+                    *sorted({p for step in STEPS.values() for p in step.packages}))
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", ".pytest_cache")
 
 

@@ -388,6 +388,9 @@ def test_step_functions_get_their_needs(t):
         assert all(not (a & DYNAMO_WRITES) for a in tables.values()), key
         s3 = any(a.startswith("s3:") for s in statements for a in actions(s))
         assert s3 == ("s3" in step.needs), key
+        sends = [s for s in statements if "sqs:SendMessage" in actions(s)]
+        assert bool(sends) == ("sqs" in step.needs), key
+        assert all("skyfn-ci-tasks-*" in resources_text(s) for s in sends), key
         _, p = function(w, catalog.function_name("skyfn-ci", step))
         secret_env = json.dumps(p["Environment"]["Variables"]["SKYFN_SECRET_ENV"])
         assert ("SKYFN_RENDEZVOUS_SECRET" in secret_env) == ("rendezvous_secret" in step.needs), key

@@ -26,10 +26,6 @@ from infra.aws.stacks.data import DataStack
 from infra.aws.stacks.service import ServiceStack, flow_role_name
 from stepfunctions import catalog
 
-# Steps whose handlers submit tasks through the service core (lambdas/core/tasks.submit):
-# they declare (create if missing) endpoint task queues and send task packs to them.
-SUBMITTING_STEPS = frozenset({"RouteChunk", "RunTask"})
-
 
 class WorkflowsStack(Stack):
     def __init__(self, scope: Construct, cid: str, *, config: DeployConfig, data: DataStack,
@@ -53,7 +49,7 @@ class WorkflowsStack(Stack):
             if "dynamodb" in step.needs:
                 for table in ("functions", "endpoints", "tasks"):
                     data.tables[table].grant_read_data(fn)
-            if key in SUBMITTING_STEPS or "sqs" in step.needs:
+            if "sqs" in step.needs:  # submits through the service core: declares queues, sends packs
                 fn.add_to_role_policy(service.endpoint_queue_statement(send=True))
             self.functions[key] = fn
 
