@@ -105,3 +105,8 @@ bench-cost: install
 .PHONY: bench-fanout
 bench-fanout: install
 	$(PY) -m benchmarks.fanout --tasks 100000 --json
+
+# Reliability (H8): fuzz the REST API from its OpenAPI document, >= 1,000 requests per route
+.PHONY: fuzz
+fuzz: install
+	SKYFN_FUZZ_EXAMPLES=1000 $(PY) -m pytest -q tests/service/test_fuzz.py

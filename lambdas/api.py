@@ -7,6 +7,7 @@ ready-made bodies; the OpenAPI document still describes them with their models.
 """
 from __future__ import annotations
 
+import base64
 from typing import Annotated
 
 import orjson
@@ -49,7 +50,9 @@ from skyfn.protocol.api import CreateEndpointGroup, EndpointGroupInfo
 
 logger = Logger(service="skyfn-api")
 metrics = Metrics(namespace="skyfn", service="api")
-app = APIGatewayRestResolver(enable_validation=True)
+# orjson parses bodies: strict about lone surrogates and infinities (which would only fail
+# later, in Redis or in the JSON encoder, as a 5xx) and faster on large batches.
+app = APIGatewayRestResolver(enable_validation=True, json_body_deserializer=orjson.loads)
 app.configure_openapi(title="skyfn", version="0.1.0",
                       description="Federated function-as-a-service for science: register a Python function "
                                   "once, run it on any endpoint you may use.")
@@ -70,7 +73,9 @@ def _error(status: int, code: str, message: str, details: object = None) -> Resp
 
 
 def _errors(*codes: int) -> dict:
-    return {c: {"description": "error", "content": {"application/json": {"model": ErrorBody}}} for c in codes}
+    # 503: any route answers it while the task store is unreachable (clients retry it)
+    return {c: {"description": "error", "content": {"application/json": {"model": ErrorBody}}}
+            for c in dict.fromkeys((*codes, 503))}
 
 
 def _ok(status: int, model: type) -> dict:
@@ -252,6 +257,37 @@ def handler(event: dict, context: LambdaContext) -> dict:
     size = len(event.get("body") or "")
     if size > MAX_REQUEST_BYTES:  # checked before validation parses it
         message = f"request body of {size} bytes exceeds the limit of {MAX_REQUEST_BYTES} bytes: split the batch"
-        return {"statusCode": 413, "headers": {"Content-Type": "application/json"}, "isBase64Encoded": False,
-                "body": orjson.dumps({"error": TooLarge.code, "message": message}).decode()}
+        return _early(413, TooLarge.code, message)
+    if size and event.get("isBase64Encoded") and not _utf8(event["body"]):
+        return _early(422, "invalid_request", "request body is not UTF-8 text: send JSON with "
+                                              "Content-Type: application/json")
+    if event.get("path") not in PUBLIC_PATHS:
+        # Credentials first, as an API Gateway authorizer would: an unauthenticated caller
+        # learns nothing from validation errors. (The middleware then sets the user.)
+        try:
+            s = settings()
+            authenticate(_header(event, "authorization"), s.auth_secret, s.auth_issuer)
+        except Unauthorized as exc:
+            return _early(401, "unauthorized", str(exc))
     return app.resolve(event, context)
+
+
+def _header(event: dict, name: str) -> str | None:
+    for key, value in (event.get("headers") or {}).items():
+        if key.lower() == name:
+            return value
+    return None
+
+
+def _early(status: int, code: str, message: str) -> dict:
+    """A proxy response for requests refused before routing."""
+    return {"statusCode": status, "headers": {"Content-Type": "application/json"}, "isBase64Encoded": False,
+            "body": orjson.dumps({"error": code, "message": message}).decode()}
+
+
+def _utf8(b64: str) -> bool:
+    try:
+        base64.b64decode(b64, validate=True).decode("utf-8")
+        return True
+    except (ValueError, UnicodeDecodeError):
+        return False

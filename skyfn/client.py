@@ -148,12 +148,16 @@ class Client:
         token: Optional[str] = None,
         *,
         timeout: float = 60.0,
-        retries: int = 5,
+        retries: Optional[int] = None,
         backoff: float = 0.05,
+        retry_seconds: float = 60.0,
     ):
         self.config = load_config(service_url, token)
         self.service_url = self.config.service_url
-        self._http = HttpClient(self.service_url, self.config.token, timeout=timeout, retries=retries, backoff=backoff)
+        # Transient failures (service or Redis restarting) are retried for retry_seconds,
+        # or `retries` times if given; submissions are safe to retry (idempotency keys).
+        self._http = HttpClient(self.service_url, self.config.token, timeout=timeout, retries=retries, backoff=backoff,
+                                retry_seconds=retry_seconds)
         self._function_ids: dict[Any, str] = {}
         self._endpoint_ids: dict[str, str] = {}
 

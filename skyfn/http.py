@@ -5,6 +5,11 @@ retries with exponential backoff for calls that are safe to repeat.
 Safe to repeat means: GET and DELETE, POST /tasks/status, and POST /tasks *because it
 carries an idempotency key* that the caller generated once, before the first attempt, so
 a retried submission is replayed by the service instead of creating tasks twice.
+
+By default transient failures are retried for up to ``retry_seconds`` (60 s): long enough
+to ride through a restart of the service or of its Redis, so a client never turns an
+outage of a few seconds into failed tasks. An explicit ``retries`` count bounds the
+attempts instead (``retries=2`` gives up after three).
 """
 from __future__ import annotations
 
@@ -66,14 +71,16 @@ class HttpClient:
         token: str,
         *,
         timeout: float = 60.0,
-        retries: int = 5,
+        retries: Optional[int] = None,
         backoff: float = 0.05,
         max_backoff: float = 2.0,
         pool_size: int = 16,
+        retry_seconds: float = 60.0,
     ):
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
-        self.retries = max(0, int(retries))
+        self.retries = None if retries is None else max(0, int(retries))
+        self.retry_seconds = max(0.0, float(retry_seconds))
         self.backoff = backoff
         self.max_backoff = max_backoff
         s = requests.Session()
@@ -118,11 +125,14 @@ class HttpClient:
 
         With ``retry``, connection errors, timeouts, 429 and 5xx answers are retried with
         exponential backoff and jitter, re-sending the very same bytes (hence the same
-        idempotency key). 4xx answers raise at once.
+        idempotency key): ``retries`` more times if a count is set, else for up to
+        ``retry_seconds``. 4xx answers raise at once.
         """
         url = self.base_url + path
         data = orjson.dumps(body) if body is not None else None
-        attempts = 1 + ((self.retries if retries is None else retries) if retry else 0)
+        count = self.retries if retries is None else retries
+        attempts = 1 + (count if count is not None else 1 << 30) if retry else 1
+        give_up = time.monotonic() + (self.retry_seconds if count is None else float("inf"))
         delay = self.backoff
         read_timeout = self.timeout if timeout is None else timeout
         last: Exception | None = None
@@ -146,7 +156,7 @@ class HttpClient:
                     raise err
                 last = err
                 wait_hint = resp.headers.get("Retry-After")
-            if attempt + 1 >= attempts:
+            if attempt + 1 >= attempts or time.monotonic() >= give_up:
                 break
             pause = delay * (0.5 + random.random())
             if wait_hint:

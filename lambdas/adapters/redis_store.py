@@ -305,12 +305,19 @@ class TaskStore:
         return last[0][0].decode() if last else "0-0"
 
     def cursor_valid(self, owner: str, cursor: str) -> bool:
-        """A cursor is usable while the notifications after it have not been trimmed away."""
+        """A cursor is usable while the notifications after it have not been trimmed away.
+        One that is not a stream id (two 64-bit numbers) never was ours: not usable."""
+        try:
+            ms, seq = (int(x) for x in cursor.split("-"))
+        except ValueError:
+            return False
+        if not (0 <= ms < 1 << 64 and 0 <= seq < 1 << 64):
+            return False
         first = self.r.xrange(f"done:{owner}", count=1)
         if not first:
             return False
         head = tuple(int(x) for x in first[0][0].decode().split("-"))
-        return tuple(int(x) for x in cursor.split("-")) >= (head[0], head[1] - 1 if head[1] else 0)
+        return (ms, seq) >= (head[0], head[1] - 1 if head[1] else 0)
 
     def done_since(self, owner: str, cursor: str) -> tuple[str, set[str]]:
         """Ids finished after cursor (without blocking), and the new cursor."""

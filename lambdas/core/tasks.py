@@ -16,13 +16,14 @@ from aws_lambda_powertools import Logger
 
 from lambdas.core import deps, groups, registry
 from lambdas.core.errors import Conflict, NotFound, Unavailable
-from lambdas.core.ids import is_uuid, new_id, new_ids
+from lambdas.core.ids import is_uuid, keyed_ids, new_id, new_ids
 from skyfn.protocol.api import SubmitTasks, TaskInfo, TaskStatus
 from skyfn.protocol.messages import PACK_MAX_BYTES, PACK_MAX_TASKS
 from skyfn.protocol.states import FINAL_STATES, parse_events
 
 logger = Logger(service="skyfn-tasks", child=True)
 HISTORY_LOOKUPS = 100  # ids per status call looked up in DynamoDB when gone from Redis
+CLAIM_SECONDS = 15  # an idempotency key is held this long by an attempt that may have died
 
 
 def submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> tuple[dict[str, Any], bool]:
@@ -35,9 +36,16 @@ def submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> t
     if key:
         previous = store.idempotent_get(owner, key)
         if previous is not None and previous != b"pending":
-            return orjson.loads(previous) | {"replayed": True}, True
-        if not store.idempotent_claim(owner, key):
-            raise Conflict(f"a request with idempotency key {key!r} is still being processed: retry in a moment")
+            answer = orjson.loads(previous)
+            if len(answer["task_ids"]) != len(req.tasks):
+                raise Conflict(f"idempotency key {key!r} was used for a request of {len(answer['task_ids'])} "
+                               f"tasks, this one has {len(req.tasks)}: use a new key for a new request")
+            return answer | {"replayed": True}, True
+        # The claim is short: if the attempt holding it died (a service restart), a retry
+        # proceeds after CLAIM_SECONDS and, with the same ids, completes what it began.
+        if not store.idempotent_claim(owner, key, seconds=CLAIM_SECONDS):
+            raise Unavailable(f"a request with idempotency key {key!r} is still being processed: "
+                              "retry it in a moment")
     try:
         answer = _submit(owner, req, task_ids)
     except BaseException:
@@ -58,8 +66,9 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> 
     # each task's endpoint: its own or the batch's, or one its endpoint group's policy picks
     routing = groups.route(owner, req, containers)
 
-    submission_id = new_id()
-    task_ids = task_ids or new_ids(len(tasks))
+    key = req.idempotency_key
+    submission_id = keyed_ids(owner, key, 1, "submission")[0] if key else new_id()
+    task_ids = task_ids or (keyed_ids(owner, key, len(tasks)) if key else new_ids(len(tasks)))
     by_endpoint: dict[str, list[int]] = {}
     rows = []
     for i, (tid, t) in enumerate(zip(task_ids, tasks)):
@@ -70,6 +79,8 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> 
                      routing.tags.get(t.function_id)])
 
     store = deps.store()
+    if key:  # perhaps a retry of an attempt that stored its tasks and then failed
+        rows, by_endpoint = _not_yet_queued(store, rows, by_endpoint, task_ids)
     queued = time.time()
     store.create(owner, submission_id, rows, created, queued)
     if routing.refused:  # the group's policy placed them nowhere (followup: fail)
@@ -81,7 +92,8 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> 
             queue.send(list(_packs(ep, indices, task_ids, tasks, bodies, containers)))
             sent.update(task_ids[i] for i in indices)
     except Exception as exc:
-        store.fail_unqueued([tid for tid in task_ids if tid not in sent], f"could not be queued: {exc}")
+        if not key:  # nobody can retry these: fail them; with a key the retry sends them
+            store.fail_unqueued([tid for tid in task_ids if tid not in sent], f"could not be queued: {exc}")
         raise Unavailable(f"the task queue refused the submission ({type(exc).__name__}); retry with the same "
                           "idempotency key") from exc
     store.enqueue_submission_record({
@@ -90,6 +102,24 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> 
         "first_task_id": task_ids[0], "last_task_id": task_ids[-1],
     })
     return {"submission_id": submission_id, "task_ids": task_ids, "replayed": False}
+
+
+def _not_yet_queued(store, rows, by_endpoint, task_ids):
+    """For a keyed submission whose ids may exist already: the rows still to create and,
+    per endpoint, the tasks still to send (new ones and ones still QUEUED: the earlier
+    attempt may have failed before sending them; sending one twice only runs it twice,
+    its result is stored once). Tasks that moved on are left alone."""
+    if not store.r.exists(f"t:{task_ids[0]}"):  # tasks are created in one script: all or none
+        return rows, by_endpoint
+    pipe = store.r.pipeline(transaction=False)
+    for tid in task_ids:
+        pipe.hget(f"t:{tid}", "s")
+    states = pipe.execute()
+    rows = [row for row, s in zip(rows, states) if s is None]
+    resend = {i for i, s in enumerate(states) if s is None or s == b"QUEUED"}
+    by_endpoint = {ep: kept for ep, indices in by_endpoint.items() if (kept := [i for i in indices if i in resend])}
+    logger.info("idempotent retry", extra={"existing": len(task_ids) - len(rows), "resent": len(resend)})
+    return rows, by_endpoint
 
 
 def _packs(endpoint_id, indices, task_ids, tasks, bodies, containers):

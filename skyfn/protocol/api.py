@@ -5,9 +5,9 @@ document); the SDK builds requests with them. Buffers are serialize.py's text fo
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 MAX_BATCH = 20_000          # tasks in one POST /tasks
 MAX_STATUS_IDS = 20_000     # ids in one POST /tasks/status
@@ -16,6 +16,12 @@ MAX_PAYLOAD_BYTES = 1 << 20  # one task's argument buffer inline
 MAX_FUNCTION_BYTES = 256 << 10
 MAX_REQUEST_BYTES = 10 << 20  # API Gateway's payload limit
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+
+# One timestamped event, [STATE, seconds since the epoch]. Validated as a tuple; described
+# without prefixItems, which OpenAPI 3.0 tools (and schemathesis's response checks) misread.
+Event = Annotated[tuple[str, float], WithJsonSchema({
+    "type": "array", "minItems": 2, "maxItems": 2, "items": {"anyOf": [{"type": "string"}, {"type": "number"}]},
+    "description": "[state, seconds since the epoch]"})]
 
 
 class _Body(BaseModel):
@@ -137,7 +143,7 @@ class TaskStatus(BaseModel):
     error: Optional[str] = None
     reason: Optional[str] = None
     retries: int = 0
-    events: Optional[list[tuple[str, float]]] = None
+    events: Optional[list[Event]] = None
     stdout: Optional[str] = Field(default=None, description="captured standard output (capped)")
     stderr: Optional[str] = Field(default=None, description="captured standard error (capped)")
 

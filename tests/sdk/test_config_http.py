@@ -8,6 +8,7 @@ import pytest
 
 from skyfn import Client, ConfigError, SkyfnAPIError, SkyfnConnectionError
 from skyfn.config import load_config, write_config
+from skyfn.protocol.serialize import pack_args
 
 from . import funcs
 
@@ -100,5 +101,25 @@ def test_unreachable_service_gives_up(skyfn_home):
     from infra.local.processes import free_port
 
     c = Client(service_url=f"http://127.0.0.1:{free_port()}", token="t", retries=2, backoff=0.01)
+    with pytest.raises(SkyfnConnectionError, match="cannot reach the skyfn service"):
+        c.list_endpoints()
+
+
+def test_default_client_rides_out_an_outage_longer_than_a_retry_count(service, skyfn_home):
+    """Twenty dropped connections and 503s in a row (a service restarting) cost a default
+    client time, not the call: transient failures are retried for up to retry_seconds."""
+    service.inject("POST", "/tasks", "drop_after", times=10)
+    service.inject("POST", "/tasks", "503_before", times=10)
+    c = Client(service_url=service.url, token=service.token, backoff=0.001, retry_seconds=60)
+    fid = c.register_function(len)
+    ids = c.submit_tasks([{"function_id": fid, "payload": pack_args(([1, 2],), {})}], service.local_endpoint)
+    assert len(ids) == 1 and len(service.tasks) == 1  # ten processed attempts, one task (same key)
+    c.close()
+
+
+def test_retry_seconds_bounds_the_wait_for_an_unreachable_service(skyfn_home):
+    from infra.local.processes import free_port
+
+    c = Client(service_url=f"http://127.0.0.1:{free_port()}", token="t", backoff=0.01, retry_seconds=0.5)
     with pytest.raises(SkyfnConnectionError, match="cannot reach the skyfn service"):
         c.list_endpoints()

@@ -172,7 +172,11 @@ def test_submission_retried_idempotently(client, service):
     assert len(service.tasks) == 10 and len(service.submissions) == 1
 
 
-def test_status_failures_do_not_hang_futures(client, service):
+def test_status_failures_do_not_hang_futures(service):
+    from skyfn import Client
+
+    # a bounded retry count: by default the client rides out 60 s of 503s (a restart)
+    client = Client(service_url=service.url, token=service.token, retries=2, backoff=0.01)
     ex = Executor(client=client, max_poll_failures=1)
     service.gate.clear()
     service.inject("POST", "/tasks/status", "503_before", times=100)
