@@ -1,8 +1,11 @@
 // Transport tests on loopback against the real rendezvous server (python -m rendezvous):
 // join, direct and relayed channels, tags and FIFO order, isend/irecv, large messages,
 // keep-alive pings, bye, peer death, timeouts, bad tokens and bad arguments.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,6 +13,7 @@
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <sstream>
 #include <thread>
 
 #include "collectives.hpp"
@@ -515,4 +519,165 @@ TEST_F(Transport, TwelveRanksEveryPairExchanges) {
     for (const auto& s : c.stats())
       if (s.rank != c.rank()) EXPECT_EQ(s.mode, "direct");
   });
+}
+
+namespace {
+
+// Minimal blocking socket helpers for the raw-protocol peer below.
+int raw_connect(const sockaddr_in& to) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof to) != 0) return -1;
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+bool raw_read(int fd, void* p, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = ::recv(fd, static_cast<char*>(p) + got, n - got, 0);
+    if (r <= 0) return false;
+    got += static_cast<size_t>(r);
+  }
+  return true;
+}
+
+std::string raw_line(int fd) {
+  std::string s;
+  char ch;
+  while (::recv(fd, &ch, 1, 0) == 1 && ch != '\n') s += ch;
+  return s;
+}
+
+void put_u32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+
+uint32_t get_u32(const uint8_t* p) { return p[0] | (p[1] << 8) | (p[2] << 16) | (uint32_t(p[3]) << 24); }
+
+std::vector<uint8_t> hello(uint32_t from, uint32_t to) {
+  std::vector<uint8_t> h(16);
+  std::memcpy(h.data(), "SKYC", 4);
+  put_u32(&h[4], 1);
+  put_u32(&h[8], from);
+  put_u32(&h[12], to);
+  return h;
+}
+
+}  // namespace
+
+// The wire protocol from the outside: a hand-written rank 1 (plain blocking sockets, no
+// library code) joins through the server, is refused with a HELLO naming the wrong pair,
+// then completes HELLO, receives rank 0's SELECT, and exchanges data frames and the bye.
+TEST_F(Transport, RawPeerSpeaksTheWireProtocol) {
+  auto o = opts(unique_group("raw"), 2);
+  o.punch_timeout_s = 10;  // rank 0 must choose our direct channel, not the relay
+  std::string got_in_rank0;
+  std::thread rank0([&] {
+    JoinOptions r0 = o;
+    r0.rank = 0;
+    auto c = Communicator::join(r0);
+    got_in_rank0 = as_string(c->recv(1, 5));
+    c->send("ok", 2, 1, 6);
+    c->close();
+  });
+  sockaddr_in srv{};
+  srv.sin_family = AF_INET;
+  srv.sin_port = htons(static_cast<uint16_t>(g_srv->port()));
+  srv.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  int ctl = raw_connect(srv);
+  ASSERT_GE(ctl, 0);
+  std::string join = "JOIN " + o.group + " " + o.token + " 2 1\n";
+  ASSERT_EQ(::send(ctl, join.data(), join.size(), 0), static_cast<ssize_t>(join.size()));
+  EXPECT_EQ(raw_line(ctl), "WELCOME 1 2");
+  EXPECT_EQ(raw_line(ctl), "PEERS 2");
+  sockaddr_in rank0_addr{};
+  for (int i = 0; i < 2; ++i) {
+    std::istringstream in(raw_line(ctl));
+    std::string word, ip;
+    int r = -1, port = 0;
+    in >> word >> r >> ip >> port;
+    if (r == 0) {
+      rank0_addr.sin_family = AF_INET;
+      rank0_addr.sin_port = htons(static_cast<uint16_t>(port));
+      inet_pton(AF_INET, ip.c_str(), &rank0_addr.sin_addr);
+    }
+  }
+  ASSERT_NE(rank0_addr.sin_port, 0);
+
+  // A HELLO addressed to another rank is refused: rank 0 closes the connection.
+  int bad = raw_connect(rank0_addr);
+  ASSERT_GE(bad, 0);
+  auto h = hello(1, 7);
+  ASSERT_EQ(::send(bad, h.data(), h.size(), 0), 16);
+  uint8_t tmp[16];
+  EXPECT_FALSE(raw_read(bad, tmp, 1)) << "a wrong HELLO must be answered by a close";
+  ::close(bad);
+
+  int ch = raw_connect(rank0_addr);
+  ASSERT_GE(ch, 0);
+  h = hello(1, 0);
+  ASSERT_EQ(::send(ch, h.data(), h.size(), 0), 16);
+  uint8_t their[16];
+  ASSERT_TRUE(raw_read(ch, their, 16));
+  EXPECT_EQ(std::memcmp(their, "SKYC", 4), 0);
+  EXPECT_EQ(get_u32(their + 4), 1u);
+  EXPECT_EQ(get_u32(their + 8), 0u);
+  EXPECT_EQ(get_u32(their + 12), 1u);
+  uint8_t sel[16];
+  ASSERT_TRUE(raw_read(ch, sel, 16));
+  EXPECT_EQ(get_u32(sel), 3u) << "the lower rank selects the channel";
+
+  uint8_t frame[19] = {0};
+  put_u32(frame, 0);
+  put_u32(frame + 4, 5);
+  frame[8] = 3;  // u64 length 3
+  std::memcpy(frame + 16, "raw", 3);
+  ASSERT_EQ(::send(ch, frame, sizeof frame, 0), 19);
+
+  // Expect rank 0's data frame (tag 6, "ok"), then its bye; pings would be skipped.
+  bool got_data = false, got_bye = false;
+  for (int i = 0; i < 10 && !got_bye; ++i) {
+    uint8_t hdr[16];
+    if (!raw_read(ch, hdr, 16)) break;
+    uint32_t kind = get_u32(hdr);
+    uint64_t len = 0;
+    for (int k = 7; k >= 0; --k) len = (len << 8) | hdr[8 + k];
+    if (kind == 0) {
+      std::string body(len, '\0');
+      ASSERT_TRUE(raw_read(ch, body.data(), len));
+      EXPECT_EQ(static_cast<int32_t>(get_u32(hdr + 4)), 6);
+      EXPECT_EQ(body, "ok");
+      got_data = true;
+    } else if (kind == 2) {
+      EXPECT_EQ(len, 0u);
+      got_bye = true;
+    }
+  }
+  rank0.join();
+  EXPECT_TRUE(got_data);
+  EXPECT_TRUE(got_bye);
+  EXPECT_EQ(got_in_rank0, "raw");
+  ::close(ch);
+  ::close(ctl);
+}
+
+TEST_F(Transport, UnreachableRendezvousIsAClearError) {
+  auto o = opts(unique_group("nosrv"), 2);
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);  // find a port nobody listens on
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  socklen_t n = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+  o.rendezvous_port = ntohs(a.sin_port);
+  try {
+    Communicator::join(o);
+    FAIL() << "expected CommError";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot connect to the rendezvous server at 127.0.0.1:"), std::string::npos)
+        << e.what();
+  }
+  ::close(fd);
 }
