@@ -9,7 +9,7 @@ the rendezvous server and a redis-server in the "public" namespace. Every figure
 two peers crosses the same path: peer A -> NAT router A -> public bridge -> NAT router B
 -> peer B.
 
-- bandwidth: the punched channel (12 messages of 64 MiB, timed to the receiver's ack)
+- bandwidth: the punched channel (24 messages of 64 MiB, timed to the receiver's ack)
   vs iperf3 (one TCP stream, 4 s). iperf3 cannot punch, so the server's port is
   forwarded on router B (iptables DNAT, what a user does on a home router): the client
   in A connects to router B's public address, so its packets take the same hops and the

@@ -113,7 +113,7 @@ def pair(rendezvous: str, group: str, rank: int, redis_host: str, repeats: int) 
 
     c = _join(rendezvous, group, 2, rank)
     mode = c.stats()
-    bw = [_bandwidth_gbit(c, 64 * MiB, 12) for _ in range(repeats)]
+    bw = [_bandwidth_gbit(c, 64 * MiB, 24) for _ in range(repeats)]
     rtt = [_round_trips_us(c, 20000) for _ in range(repeats)]
     r = redis.Redis(host=redis_host, port=6379)
     figures = {}
