@@ -1,6 +1,7 @@
 // Collective algorithms over the point-to-point API (see collectives.hpp):
 //   barrier     dissemination (ceil(log2 n) rounds of empty messages)
-//   bcast       binomial tree, pipelined in 1 MiB chunks (large messages stream down)
+//   bcast       binomial tree, pipelined in 1 MiB chunks (large messages stream down);
+//               root sends whole messages to its leaf children (nothing to pipeline)
 //   gatherv     direct to root, all receives posted at once
 //   scatterv    direct from root, all sends posted at once
 //   allgatherv  pairwise exchange, all n-1 pairs in flight at once
@@ -251,16 +252,26 @@ BufferPtr bcast(Communicator& c, const void* data, size_t len, int root) {
     }
     mask <<= 1;
   }
-  std::vector<int> children;
+  // A child vr+m has children of its own unless m == 1 or vr+m is the last rank.
+  auto is_leaf = [n](int child_vr, int m) { return m == 1 || child_vr + 1 >= n; };
+  std::vector<int> children;       // forward chunks to these (they forward further)
+  std::vector<int> root_leaves;    // root only: leaves get the message whole, in one frame
   for (int m = mask >> 1; m > 0; m >>= 1) {
-    if (vr + m < n) children.push_back(mod(vr + m + root, n));
+    if (vr + m >= n) continue;
+    int child = mod(vr + m + root, n);
+    if (parent < 0 && is_leaf(vr + m, m)) {
+      root_leaves.push_back(child);
+    } else {
+      children.push_back(child);
+    }
   }
 
   std::vector<RequestPtr> sends;
-  if (parent < 0) {  // root: stream the chunks to every child, then keep a copy
+  if (parent < 0) {  // root: stream chunks to subtrees, whole to leaves, then keep a copy
     const auto* p = static_cast<const uint8_t*>(ptr_or_empty(data, len));
     try {
-      for (size_t off = 0;; off += kBcastChunk) {
+      for (int leaf : root_leaves) sends.push_back(c.isend(p, len, leaf, kTagBcast));
+      for (size_t off = 0; !children.empty(); off += kBcastChunk) {
         size_t clen = std::min(kBcastChunk, len - off);
         for (int ch : children) sends.push_back(c.isend(p + off, clen, ch, kTagBcast));
         if (clen < kBcastChunk) break;
@@ -273,6 +284,10 @@ BufferPtr bcast(Communicator& c, const void* data, size_t len, int root) {
     return copy_buffer(data, len);
   }
 
+  if (children.empty() && parent == root) {  // a leaf under root: one whole message
+    RequestPtr rr = c.irecv(parent, kTagBcast);
+    return take(rr);
+  }
   std::vector<BufferPtr> chunks;
   try {
     for (;;) {
