@@ -229,7 +229,7 @@ def run_flow(body: Annotated[RunFlow, Body()]):
     return _json(202, flows.run_flow(_user(), body))
 
 
-@app.post("/groups", responses={**_ok(202, RunStarted), **_errors(401, 404, 422, 503)})
+@app.post("/spmd-groups", responses={**_ok(202, RunStarted), **_errors(401, 404, 422, 503)})
 def run_group(body: Annotated[RunGroup, Body()]):
     return _json(202, flows.run_group(_user(), body))
 

@@ -1,5 +1,5 @@
 """Workflow runs from the SDK: large batches (POST /batches, a Step Functions Distributed
-Map), SPMD groups (POST /groups) and the status of any run (GET /runs/{id}).
+Map), SPMD groups (POST /spmd-groups) and the status of any run (GET /runs/{id}).
 
     batch = submit_batch(client, square, [(i,) for i in range(100_000)], "local")
     batch.wait()                      # {"state": "COMPLETE", "counts": {"SUCCEEDED": ...}, ...}
@@ -108,5 +108,5 @@ def run_group(client, fn: FunctionRef, endpoint: str, world_size: int, *, max_re
     world_size, results} with the ranks' results in rank order."""
     body = {"endpoint_id": endpoint_id(client, endpoint), "function_id": function_id(client, fn),
             "world_size": world_size, "kwargs": kwargs, "max_retries": max_retries}
-    answer = client._http.post("/groups", body)
+    answer = client._http.post("/spmd-groups", body)
     return Run(client, answer["run_id"], "group")
