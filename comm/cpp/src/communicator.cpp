@@ -1,7 +1,10 @@
 // Communicator::join and the concrete communicator: joins through the rendezvous server,
 // establishes every channel (punch.cpp), then serves point to point through the engine
 // and collectives through collectives.cpp.
+#include <chrono>
 #include <memory>
+#include <random>
+#include <thread>
 
 #include "collectives.hpp"
 #include "engine.hpp"
@@ -65,10 +68,25 @@ class CommunicatorImpl : public Communicator {
 std::unique_ptr<Communicator> Communicator::join(const JoinOptions& opts) {
   validate_options(opts);
   net::TimePoint deadline = net::deadline_after(opts.timeout_s);
-  auto ctl = std::make_unique<ControlConnection>();
-  ctl->join(opts, opts.allow_direct && opts.size > 1, deadline);
+  std::unique_ptr<ControlConnection> ctl;
+  std::mt19937 rng(std::random_device{}());
+  for (double backoff = 0.05;; backoff = std::min(backoff * 2, 1.0)) {
+    ctl = std::make_unique<ControlConnection>();
+    try {
+      ctl->join(opts, opts.allow_direct && opts.size > 1, deadline);
+      break;
+    } catch (const ServerBusy&) {
+      // The server is at its connection/group limit: retry with jitter until the deadline.
+      double wait = backoff * std::uniform_real_distribution<double>(0.5, 1.5)(rng);
+      if (net::Clock::now() + std::chrono::duration_cast<net::Clock::duration>(std::chrono::duration<double>(wait)) >= deadline)
+        throw;
+      std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+    }
+  }
   ctl->wait_peers(deadline);
-  std::vector<Link> links = establish_channels(*ctl, opts, deadline);
+  // Establishing the channels is its own blocking operation: it gets a full timeout_s
+  // from PEERS on, however long the group took to fill.
+  std::vector<Link> links = establish_channels(*ctl, opts, net::deadline_after(opts.timeout_s));
   ctl->listener().reset();  // every pair is connected: stop accepting
   std::string results;
   for (int r = 0; r < ctl->size(); ++r)

@@ -39,6 +39,7 @@ void raise_server_error(const std::string& line, const std::string& context) {
   std::string msg = "rendezvous server refused " + context + ": " + code + (reason.empty() ? "" : " (" + reason + ")");
   if (code == "bad_token" || code == "expired_token") throw AuthError(msg);
   if (code == "timeout") throw TimeoutError(msg);
+  if (code == "busy") throw ServerBusy(msg);
   throw CommError(msg);
 }
 

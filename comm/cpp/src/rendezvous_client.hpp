@@ -20,6 +20,12 @@ struct PeerAddress {
 // Throws CommError naming the bad field and the fix.
 void validate_options(const JoinOptions& o);
 
+// ERROR busy: the server is at its connection or group limit; join() retries.
+class ServerBusy : public CommError {
+ public:
+  using CommError::CommError;
+};
+
 // Raise the exception an "ERROR <code> <reason>" line stands for (AuthError for token
 // problems, CommError otherwise). `context` says which exchange failed.
 [[noreturn]] void raise_server_error(const std::string& line, const std::string& context);

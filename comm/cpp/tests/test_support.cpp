@@ -16,7 +16,9 @@
 
 namespace skyfn::comm::testing {
 
-RendezvousProcess::RendezvousProcess(const std::string& secret, double join_timeout_s) : secret_(secret) {
+RendezvousProcess::RendezvousProcess(const std::string& secret, double join_timeout_s,
+                                     const std::vector<std::string>& extra_args)
+    : secret_(secret) {
   char tmpl[] = "/tmp/skyfn-rdv-port-XXXXXX";
   int fd = mkstemp(tmpl);
   if (fd < 0) throw std::runtime_error("mkstemp failed");
@@ -28,9 +30,14 @@ RendezvousProcess::RendezvousProcess(const std::string& secret, double join_time
   if (pid_ < 0) throw std::runtime_error("fork failed");
   if (pid_ == 0) {
     if (chdir(SKYFN_REPO_ROOT) != 0) _exit(127);
-    execl(SKYFN_PYTHON, SKYFN_PYTHON, "-m", "rendezvous", "--host", "127.0.0.1", "--port", "0", "--secret",
-          secret.c_str(), "--join-timeout", jt.c_str(), "--log-level", "warning", "--port-file", port_file_.c_str(),
-          static_cast<char*>(nullptr));
+    std::vector<std::string> args = {SKYFN_PYTHON, "-m", "rendezvous", "--host", "127.0.0.1", "--port", "0",
+                                     "--secret", secret, "--join-timeout", jt, "--log-level", "warning",
+                                     "--port-file", port_file_};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(SKYFN_PYTHON, argv.data());
     _exit(127);
   }
   auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);

@@ -15,7 +15,8 @@ namespace skyfn::comm::testing {
 class RendezvousProcess {
  public:
   // Starts the server on 127.0.0.1 (any free port) and waits until it listens.
-  explicit RendezvousProcess(const std::string& secret = "test-secret", double join_timeout_s = 20);
+  explicit RendezvousProcess(const std::string& secret = "test-secret", double join_timeout_s = 20,
+                             const std::vector<std::string>& extra_args = {});
   ~RendezvousProcess();
   void stop();
   int port() const { return port_; }

@@ -681,3 +681,30 @@ TEST_F(Transport, UnreachableRendezvousIsAClearError) {
   }
   ::close(fd);
 }
+
+// ERROR busy (the server's limit of filling groups is reached) is retried with backoff
+// until the deadline: the join completes once the other group has filled.
+TEST(TransportBusy, BusyServerIsRetriedUntilItHasRoom) {
+  RendezvousProcess srv("busy-secret", 20, {"--max-groups", "1"});
+  auto a = options(srv, unique_group("filling"), 2);
+  auto b = options(srv, unique_group("waiting"), 1);
+  std::unique_ptr<Communicator> a0, a1, b0;
+  std::thread first([&] {
+    JoinOptions o = a;
+    o.rank = 0;
+    a0 = Communicator::join(o);  // waits for rank 1: group A is "filling"
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::thread second([&] { b0 = Communicator::join(b); });  // gets ERROR busy, retries
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  JoinOptions o = a;
+  o.rank = 1;
+  a1 = Communicator::join(o);
+  first.join();
+  second.join();
+  ASSERT_TRUE(b0);
+  EXPECT_EQ(b0->rank(), 0);
+  a0->close();
+  a1->close();
+  b0->close();
+}
