@@ -430,13 +430,14 @@ void Engine::mark_down(Channel& c, ChannelState why, const std::string& reason) 
 void Engine::mark_down_locked(Channel& c, ChannelState why, const std::string& reason) {
   ChannelState now = c.st();
   if (now == ChannelState::Lost || now == ChannelState::Closed) return;
-  if (now == ChannelState::PeerClosed && why == ChannelState::PeerClosed) {
-    // Its EOF after its bye: stop polling by treating the channel as finished.
+  if (now == ChannelState::PeerClosed) {
+    // Anything after its bye (EOF, a reset, a failed write) just finishes the channel;
+    // the reason stays "it closed its communicator".
     c.state = static_cast<int>(ChannelState::Closed);
-    return;
+  } else {
+    c.state = static_cast<int>(why);
+    c.reason = reason;
   }
-  c.state = static_cast<int>(why);
-  c.reason = reason;
   for (auto& op : c.sendq) {
     op->failed = true;
     op->error = reason;
