@@ -67,6 +67,7 @@ ALLOWED: dict[str, str] = {
     "max_output_bytes": "an integer from 0 to 16777216",
     "cores": "an integer from 1 to 65536",
     "accelerators": "a list of accelerator ids such as ['0', '1'], or 'auto' (CUDA_VISIBLE_DEVICES)",
+    "placement_policy": "an aAPP policy (YAML text) choosing managers by function tag; see docs/placement.md",
 }
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "ip6-localhost")
@@ -114,6 +115,8 @@ class EndpointConfig(BaseModel):
     max_output_bytes: int = Field(default=64 * 1024, ge=0, le=16 * 1024 * 1024)
     cores: Optional[int] = Field(default=None, ge=1, le=65536)
     accelerators: Union[Literal["auto"], list[str]] = "auto"
+    # aAPP policy text: the interchange places tasks on managers with it (endpoint_agent/placement.py)
+    placement_policy: Optional[str] = Field(default=None, min_length=1, max_length=256 << 10)
 
     @property
     def encrypted(self) -> bool:
@@ -154,6 +157,19 @@ class EndpointConfig(BaseModel):
                 raise ValueError("containers need endpoint_agent.containers") from None
             except ValueError as exc:
                 raise ValueError(f"containers: {exc}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _placement(self) -> "EndpointConfig":
+        if self.placement_policy is not None:
+            from endpoint_agent.placement import parse_policy
+            from skyfn.placement import PolicyError
+
+            try:
+                parse_policy(self.placement_policy)
+            except PolicyError as exc:
+                raise ValueError("placement_policy rejected: " + "; ".join(str(p) for p in exc.problems)
+                                 + " (lines count from the first line of the policy text)") from None
         return self
 
     @model_validator(mode="after")

@@ -220,6 +220,12 @@ class Interchange:
         self.managers_lost = 0
         self.roster = 0  # bumped when a manager registers or goes (status.json is rewritten)
         self.closing = False
+        # an aAPP policy (placement_policy) places tasks on managers instead of the built-in routing
+        self.placement = None
+        if config.placement_policy:
+            from endpoint_agent.placement import ManagerPlacement, parse_policy
+
+            self.placement = ManagerPlacement(parse_policy(config.placement_policy))
 
     # --- other threads ---------------------------------------------------------
     def deliver(self, batch: list[Delivery], n_tasks: int) -> None:
@@ -489,6 +495,7 @@ class Interchange:
         functions = self.functions
         early = self.early_cancel
         keys = self.keys
+        placed = self.placement is not None
         while handoff:
             receipt, pack, recv_ts = handoff.popleft()
             n = len(pack.tasks)
@@ -514,7 +521,7 @@ class Interchange:
                     continue
                 key = next(keys)
                 res = spec.resources
-                if spec.container is None and not res:
+                if spec.container is None and not res and not placed:
                     tasks[key] = [spec.task_id, spec.function_id, spec.payload, spec.walltime, seq, recv_ts, 0,
                                   PLAIN, None]
                     plain.append(key)
@@ -523,6 +530,8 @@ class Interchange:
                 cores = int(res.get("cores") or 0) if res else 0
                 gpus = int(res.get("gpus") or 0) if res else 0
                 route = (spec.container or wire.NO_CONTAINER, cores if cores > 1 or gpus else 0, gpus)
+                if placed:  # the policy decides per function tag
+                    route += (spec.tag,)
                 t = [spec.task_id, spec.function_id, spec.payload, spec.walltime, seq, recv_ts, 0, route, None]
                 tasks[key] = t
                 self._pend(key, t)
@@ -684,6 +693,9 @@ class Interchange:
     def dispatch(self) -> None:
         live = [m for m in self.managers.values() if m.registered and not m.draining]
         if not live:
+            return
+        if self.placement is not None:
+            self.placement.dispatch(self, live)
             return
         for route, dq in list(self.pending.items()):
             if not dq:

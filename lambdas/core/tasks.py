@@ -89,7 +89,7 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> 
     try:
         for ep, indices in by_endpoint.items():
             queue, _ = deps.task_queue(ep)
-            queue.send(list(_packs(ep, indices, task_ids, tasks, bodies, containers)))
+            queue.send(list(_packs(ep, indices, task_ids, tasks, bodies, containers, routing.tags)))
             sent.update(task_ids[i] for i in indices)
     except Exception as exc:
         if not key:  # nobody can retry these: fail them; with a key the retry sends them
@@ -122,7 +122,7 @@ def _not_yet_queued(store, rows, by_endpoint, task_ids):
     return rows, by_endpoint
 
 
-def _packs(endpoint_id, indices, task_ids, tasks, bodies, containers):
+def _packs(endpoint_id, indices, task_ids, tasks, bodies, containers, tags=None):
     """Yield encoded TaskPacks of at most PACK_MAX_TASKS tasks / ~PACK_MAX_BYTES."""
     batch: list[dict[str, Any]] = []
     fns: dict[str, str] = {}
@@ -137,6 +137,9 @@ def _packs(endpoint_id, indices, task_ids, tasks, bodies, containers):
             spec["walltime"] = t.walltime
         if t.resources:
             spec["resources"] = {"cores": t.resources.cores, "gpus": t.resources.gpus}
+        tag = tags.get(t.function_id) if tags else None
+        if tag:
+            spec["tag"] = tag
         cost = len(t.payload) + 120 + (len(bodies[t.function_id]) if t.function_id not in fns else 0)
         if batch and (len(batch) >= PACK_MAX_TASKS or size + cost > PACK_MAX_BYTES):
             yield _pack(endpoint_id, batch, fns)

@@ -28,6 +28,7 @@ class TaskSpec(_Msg):
     container: Optional[str] = None
     walltime: Optional[float] = None
     resources: Optional[dict[str, int]] = Field(default=None, description="cores, gpus")
+    tag: Optional[str] = Field(default=None, description="the function's tag (placement policies)")
 
 
 class TaskPack(_Msg):
