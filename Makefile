@@ -110,3 +110,8 @@ bench-fanout: install
 .PHONY: fuzz
 fuzz: install
 	SKYFN_FUZZ_EXAMPLES=1000 $(PY) -m pytest -q tests/service/test_fuzz.py
+
+# issue 4: comm — distributed hash join (comm.join) of 2 x 4.5M rows on 1/2/4 ranks vs pyarrow.
+.PHONY: bench-join
+bench-join: install
+	$(PY) -m benchmarks.join --json
