@@ -78,7 +78,13 @@ def on_p2p(c: Communicator):
     for i in range(5):
         c.send(bytes([i]) * (i + 1), right, tag=9)
     ordered = [bytes(c.recv(left, tag=9)) for _ in range(5)]
+    # to itself, blocking and not
+    c.send(b"me", r, tag=4)
+    own = c.irecv(r, tag=4)
+    c.isend(b"again", r, tag=4).wait()
+    selfs = [bytes(own.wait()), bytes(own.wait()), own.done, bytes(c.recv(r, tag=4))]
     return {
+        "selfs": selfs,
         "first": np.frombuffer(first, dtype=np.float64).tolist(),
         "second": bytes(second), "third": bytes(third), "third_type": type(third).__name__,
         "empty": (len(empty), bytes(empty)), "ordered": ordered,
@@ -95,6 +101,7 @@ def test_point_to_point(group):
         assert got["third_type"] == "Buffer"
         assert got["empty"] == (0, b"")
         assert got["ordered"] == [bytes([i]) * (i + 1) for i in range(5)]
+        assert got["selfs"] == [b"me", b"me", True, b"again"]
 
 
 def on_buffer_protocol(c: Communicator):
