@@ -115,3 +115,9 @@ fuzz: install
 .PHONY: bench-join
 bench-join: install
 	$(PY) -m benchmarks.join --json
+
+# issue 6: placement — three real endpoints on the embedded runtime: round-robin vs
+# shortest-backlog stream, divide/impera/heavy with and without affinity (~3 minutes).
+.PHONY: bench-placement-sites
+bench-placement-sites: install
+	$(PY) -m benchmarks.placement_sites --json
