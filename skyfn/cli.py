@@ -7,6 +7,7 @@
     skyfn flow run FILE_OR_MODULE [--input JSON]   run a flow (skyfn.flows) and print its output
     skyfn flow show FILE_OR_MODULE         print the flow's Amazon States Language
     skyfn rendezvous --host H --port P --secret S   run the communicator's rendezvous server
+    skyfn policy check FILE [--tag T] [--state S]  validate an aAPP placement policy, explain decisions
 
 Implementations are imported inside the commands, so `import skyfn` (the SDK) never
 imports infra/, lambdas/ or moto. Errors are printed as one line; exit code 1.
