@@ -72,12 +72,6 @@ std::string to_string(const sockaddr_in& a) {
   return std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
 }
 
-void set_nonblocking(int fd) {
-  int fl = fcntl(fd, F_GETFL, 0);
-  if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
-    throw CommError("fcntl(O_NONBLOCK) failed: " + errno_text(errno));
-}
-
 void set_blocking_with_timeout(int fd, int recv_timeout_ms) {
   int fl = fcntl(fd, F_GETFL, 0);
   if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
@@ -89,12 +83,6 @@ void set_blocking_with_timeout(int fd, int recv_timeout_ms) {
 void set_nodelay(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
-void set_buffers(int fd) {
-  // Leave the kernel's autotuning alone (setting SO_SNDBUF/SO_RCVBUF disables it and
-  // usually lowers throughput); only ask for low latency.
-  set_nodelay(fd);
 }
 
 Fd reusable_socket(uint16_t port) {
@@ -170,32 +158,6 @@ void write_all_until(int fd, const void* data, size_t len, TimePoint deadline, c
       continue;
     }
     throw CommError("write to " + what + " failed: " + errno_text(errno));
-  }
-}
-
-bool read_line_exact(int fd, std::string& line, TimePoint deadline, const std::string& what, size_t max_len) {
-  line.clear();
-  char buf[1100];
-  for (;;) {
-    size_t want = std::min(sizeof buf, max_len + 1);
-    ssize_t n = ::recv(fd, buf, want, MSG_PEEK);
-    if (n == 0) return false;
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        if (!wait_readable(fd, deadline)) throw TimeoutError("timed out waiting for a line from " + what);
-        continue;
-      }
-      throw CommError("read from " + what + " failed: " + errno_text(errno));
-    }
-    const char* nl = static_cast<const char*>(memchr(buf, '\n', static_cast<size_t>(n)));
-    size_t take = nl ? static_cast<size_t>(nl - buf) + 1 : static_cast<size_t>(n);
-    ssize_t got = ::recv(fd, buf, take, 0);  // consume exactly what was peeked
-    if (got != static_cast<ssize_t>(take)) throw CommError("short read from " + what);
-    line.append(buf, nl ? take - 1 : take);
-    if (nl) return true;
-    if (line.size() > max_len) throw CommError("line from " + what + " longer than " + std::to_string(max_len) + " bytes");
-    if (!wait_readable(fd, deadline)) throw TimeoutError("timed out waiting for a line from " + what);
   }
 }
 

@@ -49,23 +49,14 @@ Fd reusable_socket(uint16_t port);
 uint16_t local_port(int fd);
 sockaddr_in peer_address(int fd);
 
-void set_nonblocking(int fd);
 // Clear O_NONBLOCK and make blocking receives give up after `recv_timeout_ms`.
 void set_blocking_with_timeout(int fd, int recv_timeout_ms);
 void set_nodelay(int fd);
-// Socket buffers large enough for full-speed loopback/LAN transfers.
-void set_buffers(int fd);
 
 // Blocking-style helpers on non-blocking sockets, bounded by a deadline. They throw
 // TimeoutError(what) / CommError on failure.
 void connect_until(int fd, const sockaddr_in& to, TimePoint deadline, const std::string& what);
 void write_all_until(int fd, const void* data, size_t len, TimePoint deadline, const std::string& what);
-// Read one '\n'-terminated line (without the newline), byte-exact: nothing after the
-// newline is consumed (it peeks first), so binary data may follow the line. Returns false
-// on EOF before a full line.
-bool read_line_exact(int fd, std::string& line, TimePoint deadline, const std::string& what,
-                     size_t max_len = 1024);
-
 // Buffered line reader for a stream that carries only lines (the control connection).
 class LineReader {
  public:

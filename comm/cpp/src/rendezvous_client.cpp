@@ -106,15 +106,6 @@ void ControlConnection::wait_peers(net::TimePoint deadline) {
   }
 }
 
-void ControlConnection::barrier(long epoch, net::TimePoint deadline) {
-  std::string msg = "BARRIER " + std::to_string(epoch) + "\n";
-  net::write_all_until(fd_.get(), msg.data(), msg.size(), deadline, "the rendezvous server");
-  std::string line = read_line(deadline, "BARRIER_OK " + std::to_string(epoch) + " from the rendezvous server");
-  if (line.rfind("ERROR ", 0) == 0) raise_server_error(line, "the barrier");
-  if (line != "BARRIER_OK " + std::to_string(epoch))
-    throw CommError("unexpected answer to BARRIER from the rendezvous server: '" + line.substr(0, 200) + "'");
-}
-
 void ControlConnection::send_quiet(const std::string& line) {
   if (!fd_) return;
   // Short lines on an idle control socket: one non-blocking send; dropping them is harmless.

@@ -38,7 +38,6 @@ class ControlConnection {
   void join(const JoinOptions& o, bool listen, net::TimePoint deadline);
   // Blocks until PEERS and the n PEER lines arrived.
   void wait_peers(net::TimePoint deadline);
-  void barrier(long epoch, net::TimePoint deadline);
   // Best-effort lines (RESULT, BYE): never throw.
   void send_quiet(const std::string& line);
   void close_quiet();
