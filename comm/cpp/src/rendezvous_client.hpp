@@ -1,5 +1,5 @@
 // Client side of the rendezvous protocol (docs/comm.md): the control connection (JOIN,
-// WELCOME, PEERS, BARRIER, RESULT, BYE) and the text part of a RELAY connection.
+// WELCOME, PEERS, RESULT, BYE) and the text part of a RELAY connection.
 #pragma once
 
 #include <netinet/in.h>
