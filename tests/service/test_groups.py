@@ -146,10 +146,9 @@ def test_groups_are_private_and_unknown_ids_404(api, other_api, eps):
     status, body = other_api.call("POST", "/endpoint-groups", {"name": "g", "members": [{"endpoint_id": eps["alpha"]}]})
     assert status == 422 and "members[0]: endpoint" in body["message"]
     # nor can someone else's group be submitted to
-    status, _ = other_api.call("POST", "/functions", {"function": serialize_function(work)})
-    fid = _
+    fid = fn(other_api)
     status, body = other_api.call("POST", "/tasks", {"group_id": g["group_id"], "tasks": [
-        {"function_id": fid["function_id"], "payload": pack_args((1,), {})}]})
+        {"function_id": fid, "payload": pack_args((1,), {})}]})
     assert status == 404 and f"endpoint group {g['group_id']} not found" in body["message"]
 
 
