@@ -69,7 +69,7 @@ def test_anti_affinity_spreads_and_followup_default_or_fail(queues, agent):
     assert len(set(placed)) == 3
     assert results[extra[0]][0]["state"] == "SUCCEEDED"
     # `strict` has followup fail: the fourth is refused with the policy's reason
-    strict = push(queues, "strict", [(i, 1.5) for i in range(3)], "k")
+    strict = push(queues, "strict", [(i, 4.0) for i in range(3)], "k")
     queues.wait_running(strict)
     refused = push(queues, "strict", [(9, 0.0)], "r")
     got = queues.collect(strict + refused, timeout=30)
@@ -85,7 +85,7 @@ def test_directional_affinity_query_joins_init(queues, agent):
     lonely = push(queues, "query", [(0, 0.0)], "q0")
     (r,) = queues.collect(lonely, timeout=30)[lonely[0]]
     assert r["state"] == "FAILED" and "runs no 'init' function (affinity init)" in r["reason"]
-    init = push(queues, "init", [(1, 2.0)], "i")
+    init = push(queues, "init", [(1, 5.0)], "i")  # outlives the queries, even on a busy machine
     queues.wait_running(init)
     queries = push(queues, "query", [(i, 0.3) for i in range(4)], "q")
     results = queues.collect(init + queries, timeout=30)
