@@ -147,6 +147,8 @@ class Communicator:
     # ------------------------------------------------------------------ checks
 
     def _check_rank(self, value: Any, name: str) -> int:
+        if type(value) is int and 0 <= value < self._size:  # the fast path of every call
+            return value
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise TypeError(f"{name} must be an int rank, got {type(value).__name__}")
         value = int(value)
@@ -156,6 +158,8 @@ class Communicator:
 
     @staticmethod
     def _check_tag(tag: Any) -> int:
+        if type(tag) is int and 0 <= tag < 2**31:
+            return tag
         if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
             raise TypeError(f"tag must be an int >= 0, got {type(tag).__name__}")
         tag = int(tag)
