@@ -469,8 +469,10 @@ int Puncher::pending() const {
 
 std::vector<Link> Puncher::run() {
   TimePoint start = Clock::now();
-  punch_deadline_ = net::deadline_after(o_.punch_timeout_s);
-  attempt_timeout_s_ = std::clamp(o_.punch_timeout_s / 4, 0.2, 1.0);
+  // Leave at least half of the channel timeout for the relay fallback.
+  double punch_s = std::min(o_.punch_timeout_s, o_.timeout_s / 2);
+  punch_deadline_ = net::deadline_after(punch_s);
+  attempt_timeout_s_ = std::clamp(punch_s / 4, 0.2, 1.0);
   pairs_.resize(static_cast<size_t>(size_));
   for (int r = 0; r < size_; ++r) {
     Pair& p = pairs_[static_cast<size_t>(r)];

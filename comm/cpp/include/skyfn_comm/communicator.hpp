@@ -92,7 +92,7 @@ struct JoinOptions {
   int size = 0;
   int rank = -1;                 // -1: the server assigns one
   double timeout_s = 30.0;       // every blocking operation, join included
-  double punch_timeout_s = 3.0;  // then the pair falls back to the relay
+  double punch_timeout_s = 3.0;  // then the pair falls back to the relay (at most timeout_s / 2)
   double keepalive_s = 15.0;
   bool allow_direct = true;      // false: relay every pair (tests, benchmarks)
 };
