@@ -58,9 +58,12 @@ inline void translate_exception() {
 }
 
 // The engine serves one user thread at a time (engine.hpp); the binding releases the GIL,
-// so calls from several Python threads on one communicator queue on this lock.
+// so calls from several Python threads on one communicator queue on this lock. Recursive:
+// while a thread holds it, turning a C++ error into a Python exception can run the garbage
+// collector, whose dropped isend requests lock again (to wait for their sends) on the
+// same thread, after the failed call has already left the engine.
 struct CallLock {
-  std::mutex mu;
+  std::recursive_mutex mu;
   void lock() { mu.lock(); }
   void unlock() { mu.unlock(); }
 };
