@@ -241,11 +241,19 @@ void Engine::send(const void* data, size_t len, int dest, int tag) {
   if (!op) return;
   try {
     wait_until([&] { return send_done(*op, dest, tag); }, {false, dest, tag});
-  } catch (const TimeoutError&) {
-    // The caller's buffer is about to go away: a half-written frame cannot be finished,
-    // so the channel is unusable from here on.
+  } catch (...) {
+    // The caller's buffer is about to go away. A frame not started yet is simply dropped;
+    // a half-written one cannot be finished, so the channel is unusable from here on.
     std::lock_guard<std::mutex> lk(c.send_mu);
-    if (!op->done) mark_down_locked(c, ChannelState::Lost, "a send timed out part-way through a message");
+    if (!op->done && !op->failed) {
+      if (op->sent == 0) {
+        c.sendq.erase(std::remove(c.sendq.begin(), c.sendq.end(), op), c.sendq.end());
+        op->failed = true;
+        op->error = "abandoned";
+      } else {
+        mark_down_locked(c, ChannelState::Lost, "a send was abandoned part-way through a message (timeout)");
+      }
+    }
     throw;
   }
 }
@@ -303,21 +311,32 @@ BufferPtr Engine::recv(int source, int tag) {
   check_open();
   check_peer(source, "recv");
   // Same matching as irecv, without a Request object.
-  RecvState st;
-  st.source = source;
-  st.tag = tag;
-  auto it = unexpected_.find(key(source, tag));
+  auto st = std::make_shared<RecvState>();
+  st->source = source;
+  st->tag = tag;
+  const uint64_t k = key(source, tag);
+  auto it = unexpected_.find(k);
   if (it != unexpected_.end() && !it->second.empty()) {
-    st.msg = it->second.front();
+    st->msg = it->second.front();
     it->second.pop_front();
-    if (st.msg->complete) return st.msg->buf;
-    wait_until([&] { return recv_done(st); }, {true, source, tag});
-    return st.msg->buf;
+    if (st->msg->complete) return st->msg->buf;
+  } else {
+    posted_[k].push_back(st);
   }
-  auto posted = std::make_shared<RecvState>(st);
-  posted_[key(source, tag)].push_back(posted);
-  wait_until([&] { return recv_done(*posted); }, {true, source, tag});
-  return posted->msg->buf;
+  try {
+    wait_until([&] { return recv_done(*st); }, {true, source, tag});
+  } catch (...) {
+    // Nobody will collect this receive: give its message (matched or not yet) back to
+    // the next receive of (source, tag), in order.
+    if (st->msg) {
+      unexpected_[k].push_front(st->msg);
+    } else {
+      auto& q = posted_[k];
+      q.erase(std::remove(q.begin(), q.end(), st), q.end());
+    }
+    throw;
+  }
+  return st->msg->buf;
 }
 
 void Engine::read_channel(Channel& c, bool block) {
