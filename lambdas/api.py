@@ -22,7 +22,8 @@ from aws_lambda_powertools.event_handler.openapi.params import Body, Path
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from lambdas.auth import Unauthorized, authenticate
+from lambdas.auth import Unauthorized, identify
+from lambdas.core import guard  # security: agent routes, rate limits (H9)
 from lambdas.config import settings
 from lambdas.core import batches, flows, registry, runs, tasks
 from lambdas.core.errors import ServiceError, TooLarge
@@ -85,10 +86,14 @@ def _ok(status: int, model: type) -> dict:
 def authenticate_request(app: APIGatewayRestResolver, next_middleware: NextMiddleware) -> Response:
     event = app.current_event
     if event.path not in PUBLIC_PATHS:
-        s = settings()
-        user = authenticate(event.headers.get("Authorization") or event.headers.get("authorization"),
-                            s.auth_secret, s.auth_issuer)
-        app.append_context(user=user)
+        ident = app.context.get("identity") or identify(event.raw_event)  # the handler may have already
+        # what the caller may reach (endpoint agents: their own agent routes) and its rate limit
+        refused = guard.check(ident, event.http_method, event.path)
+        if refused is not None:
+            status, body, headers = refused
+            return Response(status_code=status, content_type="application/json", body=orjson.dumps(body).decode(),
+                            headers=headers)
+        app.append_context(user=ident.user, identity=ident)
     return next_middleware(app)
 
 
@@ -150,15 +155,14 @@ def get_function(function_id: IdPath):
 @app.post("/endpoints", responses={**_ok(201, EndpointRegistered), **_ok(200, EndpointRegistered),
                                    **_errors(401, 422)})
 def register_endpoint(body: Annotated[RegisterEndpoint, Body()]):
-    from lambdas.core import deps
+    from lambdas.core import agent_keys
 
     info, created = registry.register_endpoint(_user(), body)
-    _, task_queue = deps.task_queue(info.endpoint_id)
-    _, results_queue = deps.results_queue()
-    _, control_queue = deps.control_queue(info.endpoint_id)
-    out = EndpointRegistered(**info.model_dump(), task_queue=task_queue, results_queue=results_queue,
-                             control_queue=control_queue)
-    return _json(201 if created else 200, out.model_dump())
+    # the endpoint's own credential for its agent (rotated now) and queues it reaches
+    credential = agent_keys.issue(info.endpoint_id)
+    out = EndpointRegistered(**info.model_dump(), **agent_keys.descriptors(info.endpoint_id, credential),
+                             agent_credential=credential)
+    return _json(201 if created else 200, out.model_dump(exclude_none=True))
 
 
 @app.get("/endpoints", responses={**_ok(200, EndpointList), **_errors(401)})
@@ -173,7 +177,8 @@ def get_endpoint(endpoint_id: IdPath):
 
 @app.post("/endpoints/<endpoint_id>/heartbeat", responses={**_ok(200, EndpointInfo), **_errors(401, 404, 422)})
 def heartbeat(endpoint_id: IdPath, body: Annotated[Heartbeat, Body()]):
-    return _json(200, registry.heartbeat(_user(), endpoint_id, body.stats).model_dump())
+    return _json(200, registry.heartbeat(_user(), endpoint_id, body.stats,
+                                         agent_endpoint=app.context["identity"].endpoint_id).model_dump())
 
 
 # --- tasks -------------------------------------------------------------------------
@@ -246,6 +251,12 @@ def _workflow_service_down(exc: Exception) -> Response:
     return _error(503, "unavailable", f"the workflow service did not answer ({type(exc).__name__}); retry shortly")
 
 
+# --- security: shares, teams, endpoint credentials, rendezvous tokens, audit (H9) --------
+from lambdas.security_api import router as _security_router  # noqa: E402
+
+app.include_router(_security_router)
+
+
 @app.get("/openapi.json", include_in_schema=False)
 def openapi():
     return Response(status_code=200, content_type="application/json", body=app.get_openapi_json_schema())
@@ -265,8 +276,7 @@ def handler(event: dict, context: LambdaContext) -> dict:
         # Credentials first, as an API Gateway authorizer would: an unauthenticated caller
         # learns nothing from validation errors. (The middleware then sets the user.)
         try:
-            s = settings()
-            authenticate(_header(event, "authorization"), s.auth_secret, s.auth_issuer)
+            app.append_context(identity=identify(event))
         except Unauthorized as exc:
             return _early(401, "unauthorized", str(exc))
     return app.resolve(event, context)

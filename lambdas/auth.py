@@ -1,47 +1,114 @@
-"""Authentication of API calls: JWTs signed with the service's key.
+"""Authentication of API calls: who is calling.
 
-In the embedded runtime the key is a random secret that `skyfn local up` creates; the
-same verification path serves every request. Only the user id (`sub`) leaves here.
+Three kinds of callers, one answer (an Identity):
+- a user with a JWT of the configured issuer (`Authorization: Bearer <jwt>`), verified
+  here by lambdas.core.jwt_keys: the embedded runtime's ES256 key, an OIDC issuer's
+  published keys (Cognito, Globus Auth), or a shared secret;
+- a user whose JWT API Gateway's authorizer already verified (SKYFN_AUTH_PROVIDER
+  cognito or globus): the identity is read from `requestContext.authorizer`, which only
+  API Gateway can set;
+- an endpoint agent with its endpoint's credential (`Bearer skyfn-agent.<id>.<secret>`,
+  lambdas.core.agent_keys), which names the endpoint, never a user.
+Tokens never reach a log or an error message.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Any, Optional
 
-import jwt
+from lambdas.core import jwt_keys
 
 AUDIENCE = "skyfn"
+GATEWAY_PROVIDERS = ("cognito", "globus")
 
 
 class Unauthorized(Exception):
     """The request carries no valid credential. The message never contains the token."""
 
 
-def mint_token(secret: str, user: str, ttl_seconds: int = 30 * 24 * 3600, issuer: str = "skyfn-local") -> str:
-    if not secret:
-        raise ValueError("cannot mint a token without a signing secret")
+@dataclass(frozen=True)
+class Identity:
+    user: str = ""                      # the user id (`sub`); '' for an endpoint agent
+    endpoint_id: Optional[str] = None   # set when an endpoint agent's credential was used
+
+    @property
+    def is_agent(self) -> bool:
+        return self.endpoint_id is not None
+
+
+def mint_token(key: str, user: str, ttl_seconds: int = 30 * 24 * 3600, issuer: str = "skyfn-local",
+               audience: str = AUDIENCE) -> str:
+    """A user token signed with `key`: a PEM private key (ES256/RS256) or a shared secret (HS256)."""
+    if not key:
+        raise ValueError("cannot mint a token without a signing key")
     now = int(time.time())
-    claims = {"sub": user, "iss": issuer, "aud": AUDIENCE, "iat": now, "exp": now + int(ttl_seconds)}
-    return jwt.encode(claims, secret, algorithm="HS256")
+    return jwt_keys.sign(key, {"sub": user, "iss": issuer, "aud": audience, "iat": now, "exp": now + int(ttl_seconds)})
 
 
-def authenticate(authorization: str | None, secret: str, issuer: str) -> str:
-    """Return the user id of a valid `Authorization: Bearer <jwt>` header."""
+def bearer(authorization: str | None) -> str:
     if not authorization:
         raise Unauthorized("missing Authorization header: send 'Authorization: Bearer <token>' "
-                           "(get one with `skyfn local token` or `skyfn login`)")
+                           "(get one with `skyfn login` or `skyfn local token`)")
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("Authorization header must be 'Bearer <token>'")
-    if not secret:
-        raise Unauthorized("the service has no signing key configured (SKYFN_AUTH_SECRET)")
+    return token.strip()
+
+
+def authenticate(authorization: str | None, settings: Any = None) -> Identity:
+    """The identity of an `Authorization: Bearer ...` header (user JWT or agent credential)."""
+    from lambdas.config import settings as current
+    from lambdas.core import agent_keys
+
+    s = settings or current()
+    token = bearer(authorization)
+    if token.startswith(agent_keys.PREFIX):
+        endpoint_id = agent_keys.verify(token)
+        if endpoint_id is None:
+            raise Unauthorized("endpoint credential not valid (revoked, rotated, or for another service): "
+                               "register the endpoint again to get a new one")
+        return Identity(endpoint_id=endpoint_id)
     try:
-        claims = jwt.decode(token.strip(), secret, algorithms=["HS256"], audience=AUDIENCE, issuer=issuer,
-                            options={"require": ["exp", "sub", "iss", "aud"]})
-    except jwt.ExpiredSignatureError:
-        raise Unauthorized("token expired: get a new one") from None
-    except jwt.InvalidTokenError as exc:
-        raise Unauthorized(f"invalid token ({type(exc).__name__})") from None
-    user = claims.get("sub")
-    if not isinstance(user, str) or not user:
-        raise Unauthorized("token has no subject")
-    return user
+        keys = jwt_keys.key_set(jwks=s.auth_jwks, jwks_file=s.auth_jwks_file, secret=s.auth_secret,
+                                issuer=s.auth_issuer)
+        claims = keys.verify(token, s.auth_issuer, s.auth_audience)
+    except jwt_keys.TokenError as exc:
+        raise Unauthorized(str(exc)) from None
+    return Identity(user=claims["sub"])
+
+
+def identify(event: dict) -> Identity:
+    """The caller of an API Gateway proxy event."""
+    from lambdas.config import settings
+
+    s = settings()
+    header = _header(event, "authorization")
+    if s.auth_provider in GATEWAY_PROVIDERS:
+        authorizer = (event.get("requestContext") or {}).get("authorizer") or {}
+        user = _gateway_user(authorizer)
+        if user:
+            return Identity(user=user)
+        if header and bearer(header).startswith("skyfn-agent."):
+            return authenticate(header, s)
+        raise Unauthorized("no identity from the API's authorizer: call the API through its API Gateway stage")
+    return authenticate(header, s)
+
+
+def _gateway_user(authorizer: dict) -> str:
+    """Cognito user-pool authorizers put the token's claims under `claims`; Lambda
+    authorizers (lambdas/authorizer.py) put their context (`sub`) and `principalId`."""
+    claims = authorizer.get("claims")
+    if isinstance(claims, dict) and isinstance(claims.get("sub"), str):
+        return claims["sub"]
+    for key in ("sub", "principalId"):
+        if isinstance(authorizer.get(key), str) and authorizer[key]:
+            return authorizer[key]
+    return ""
+
+
+def _header(event: dict, name: str) -> str | None:
+    for key, value in (event.get("headers") or {}).items():
+        if key.lower() == name:
+            return value
+    return None

@@ -22,6 +22,15 @@ class Settings:
     history_batch: int
     sqs_queue_prefix: str
     history_ttl_days: float = 0.0  # 0: the durable history never expires
+    # authentication and limits (lambdas/auth.py, lambdas/core/limits.py)
+    auth_provider: str = "jwt"       # jwt: verify tokens here; cognito|globus: API Gateway's authorizer did
+    auth_audience: str = "skyfn"
+    auth_jwks: str = ""              # inline JWKS document
+    auth_jwks_file: str = ""         # path of a JWKS document (the embedded runtime's public key)
+    rate_per_second: float = 200.0   # requests per user, sustained (token bucket in Redis)
+    rate_burst: float = 400.0
+    inline_bytes: int = 256 << 10    # arguments/results above this travel through S3
+    bucket: str = ""
 
     def task_queue_name(self, endpoint_id: str) -> str:
         if self.queue_kind == "sqs":
@@ -71,6 +80,14 @@ def settings() -> Settings:
         history_batch=int(_float("SKYFN_HISTORY_BATCH", 500)),
         sqs_queue_prefix=os.environ.get("SKYFN_SQS_PREFIX", prefix),
         history_ttl_days=_float("SKYFN_HISTORY_TTL_DAYS", 0.0),
+        auth_provider=os.environ.get("SKYFN_AUTH_PROVIDER", "jwt"),
+        auth_audience=os.environ.get("SKYFN_AUTH_AUDIENCE", "skyfn"),
+        auth_jwks=os.environ.get("SKYFN_AUTH_JWKS", ""),
+        auth_jwks_file=os.environ.get("SKYFN_AUTH_JWKS_FILE", ""),
+        rate_per_second=_float("SKYFN_RATE_PER_SECOND", 200.0),
+        rate_burst=_float("SKYFN_RATE_BURST", 400.0),
+        inline_bytes=int(_float("SKYFN_INLINE_BYTES", 256 << 10)),
+        bucket=os.environ.get("SKYFN_BUCKET", ""),
     )
 
 

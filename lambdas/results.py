@@ -23,12 +23,13 @@ def apply_pack(pack: ResultPack) -> tuple[int, int, int]:
     """Store a pack's progress updates and results; returns (stored, duplicates, unknown)."""
     store = deps.store()
     if pack.updates:
-        store.progress([[u.task_id, u.state, u.ts, u.lease_seconds] for u in pack.updates])
+        store.progress([[u.task_id, u.state, u.ts, u.lease_seconds] for u in pack.updates], pack.endpoint_id)
     if not pack.results:
         return 0, 0, 0
     rows = [[r.task_id, r.state, r.result, r.error, r.reason, format_events(r.events), r.stdout, r.stderr]
             for r in pack.results]
-    return store.finish(rows)
+    # only tasks routed to the pack's endpoint: an agent answers for its own tasks alone
+    return store.finish(rows, pack.endpoint_id)
 
 
 def record_handler(record: SQSRecord) -> None:

@@ -37,5 +37,5 @@ def ensure_resources() -> Any:
     return load("lambdas.bootstrap", "ensure_resources")()
 
 
-def mint_token(secret: str, user: str, ttl_seconds: int = 30 * 24 * 3600) -> str:
-    return load("lambdas.auth", "mint_token")(secret, user, ttl_seconds=ttl_seconds, issuer="skyfn-local")
+def mint_token(key: str, user: str, ttl_seconds: int = 30 * 24 * 3600) -> str:
+    return load("lambdas.auth", "mint_token")(key, user, ttl_seconds=ttl_seconds, issuer="skyfn-local")

@@ -81,8 +81,14 @@ class ServerProcess:
             self.proc.wait(5)
 
 
-def start_redis(workdir: Path, port: int | None = None, appendonly: bool = True, detach: bool = False) -> ServerProcess:
-    """A redis-server on loopback with an append-only file fsynced every second."""
+def start_redis(workdir: Path, port: int | None = None, appendonly: bool = True, detach: bool = False,
+                secure: bool = False) -> ServerProcess:
+    """A redis-server on loopback with an append-only file fsynced every second.
+
+    `secure` (the embedded runtime): the default user needs a password (created once in
+    `workdir/redis.password`, 0600) and users live in the ACL file `workdir/users.acl`,
+    where the service saves the endpoint agents' users, so they survive restarts. A
+    directory that has an ACL file is always started this way; the URL carries the password."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
@@ -92,10 +98,33 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = True,
         "--save", "", "--protected-mode", "yes", "--daemonize", "no",
         "--logfile", str(workdir / "redis.log"),
     ]
+    login = ""
+    if secure or (workdir / "users.acl").exists():
+        password = _redis_password(workdir)
+        args += ["--aclfile", str(workdir / "users.acl")]
+        login = f"default:{password}@"
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=detach)
     wait_for_port(port, proc=proc)
-    return ServerProcess("redis", proc, port, f"redis://127.0.0.1:{port}/0", workdir)
+    return ServerProcess("redis", proc, port, f"redis://{login}127.0.0.1:{port}/0", workdir)
+
+
+def _redis_password(workdir: Path) -> str:
+    """The default user's password and an ACL file granting it everything (created once)."""
+    import hashlib
+    import secrets
+
+    pw_file, acl_file = workdir / "redis.password", workdir / "users.acl"
+    if not pw_file.exists():
+        fd = os.open(pw_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32) + "\n")
+    password = pw_file.read_text().strip()
+    if not acl_file.exists():
+        fd = os.open(acl_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"user default on #{hashlib.sha256(password.encode()).hexdigest()} ~* &* +@all\n")
+    return password
 
 
 MOTO_CONFIG = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}

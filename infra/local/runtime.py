@@ -63,12 +63,13 @@ def _pick_port(wanted: int | None, previous: int | None, what: str) -> int:
 
 
 def mint_token(state: StateDir, user: str, ttl_seconds: int = 30 * 24 * 3600) -> str:
+    """A token of the local issuer for `user`, signed with the runtime's private key."""
     from infra.local.handlers import mint_token as mint
 
-    secret = state.auth_secret(create=False)
-    if not secret:
+    key = state.signing_key(create=False)
+    if not key:
         raise LocalError(f"no local runtime in {state.root}: run `skyfn local up` first")
-    return mint(secret, user, ttl_seconds)
+    return mint(key, user, ttl_seconds)
 
 
 # -- looking at a deployment ---------------------------------------------------------
@@ -206,11 +207,12 @@ def up(home=None, detach: bool = False, port: int | None = None, aws_endpoint: s
     agent.stop(ENDPOINT, state.home)
 
     user = local_user()
-    state.auth_secret()
+    state.signing_key()
     token = mint_token(state, user)
     started = _Started(state)
     try:
-        redis = start_redis(state.workdir("redis"), _pick_port(None, record.get("redis_port"), "redis"), detach=True)
+        redis = start_redis(state.workdir("redis"), _pick_port(None, record.get("redis_port"), "redis"), detach=True,
+                            secure=True)
         started.servers.append(redis)
         write_pidfile(state.pidfile("redis"), redis.pid)
         if aws_endpoint:
@@ -240,7 +242,7 @@ def up(home=None, detach: bool = False, port: int | None = None, aws_endpoint: s
             from infra.local.handlers import ensure_resources
             from infra.local.serve import Service, apply_env, handler_env
 
-            apply_env(handler_env(redis.url, aws_url, state.auth_secret()))
+            apply_env(handler_env(redis.url, aws_url, str(state.jwks_file)))
             ensure_resources()
             from infra.local.workflows import deploy_workflows
 

@@ -25,17 +25,20 @@ from infra.local.scheduler import Scheduler, default_schedules
 log = logging.getLogger("skyfn.local.serve")
 
 
-def handler_env(redis_url: str, aws_endpoint: str, secret: str, table_prefix: str = "skyfn",
+def handler_env(redis_url: str, aws_endpoint: str, jwks_file: str, table_prefix: str = "skyfn",
                 bucket: str = "skyfn-payloads") -> dict[str, str]:
     """The environment the handlers read (docs/contracts.md). AWS credentials are dummies:
-    every AWS call goes to `aws_endpoint` (moto, or LocalStack)."""
+    every AWS call goes to `aws_endpoint` (moto, or LocalStack). Tokens are verified with
+    the public key set `jwks_file` of the local issuer (the private key stays with
+    `skyfn local token`: the service cannot mint user tokens)."""
     return {
         "SKYFN_REDIS_URL": redis_url,
         "SKYFN_QUEUE_KIND": "redis",
         "SKYFN_TABLE_PREFIX": table_prefix,
         "SKYFN_BUCKET": bucket,
-        "SKYFN_AUTH_SECRET": secret,
+        "SKYFN_AUTH_JWKS_FILE": str(jwks_file),
         "SKYFN_AUTH_ISSUER": "skyfn-local",
+        "SKYFN_AUTH_AUDIENCE": "skyfn",
         "AWS_ENDPOINT_URL": aws_endpoint,
         "AWS_ACCESS_KEY_ID": "skyfn-local",
         "AWS_SECRET_ACCESS_KEY": "skyfn-local",
@@ -125,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     if not record:
         log.error("no %s: start the runtime with `skyfn local up`", state.runtime_file)
         return 2
-    apply_env(handler_env(record["redis_url"], record["aws_endpoint"], state.auth_secret(create=False) or ""))
+    state.signing_key()  # makes sure the key set exists (a deployment from before keys: created now)
+    apply_env(handler_env(record["redis_url"], record["aws_endpoint"], str(state.jwks_file)))
     ensure_resources()
     from infra.local.workflows import deploy_workflows
 

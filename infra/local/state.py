@@ -1,7 +1,10 @@
 """Files of the embedded runtime. `$SKYFN_HOME` (default ~/.skyfn) holds the client
 configuration `config.json`; `$SKYFN_HOME/local/` holds the runtime's state:
 
-    auth_secret          HMAC key of local tokens (0600, created once, kept across restarts)
+    signing_key.pem      ES256 private key of the local token issuer (0600, created once, kept)
+    jwks.json            its public half, the key set the service verifies tokens with
+    redis/               also users.acl (Redis users: the service's, one per endpoint agent)
+                         and redis.password (the service's Redis password, 0600)
     runtime.json         ports and URLs of the running deployment (written by `up`)
     redis.pid moto.pid service.pid    one pid file per process we started (pid, start time)
     redis/               redis-server's directory: the append-only file (kept by `down`), redis.log
@@ -61,6 +64,14 @@ class StateDir:
         return self.root / "auth_secret"
 
     @property
+    def signing_key_file(self) -> Path:
+        return self.root / "signing_key.pem"
+
+    @property
+    def jwks_file(self) -> Path:
+        return self.root / "jwks.json"
+
+    @property
     def service_log(self) -> Path:
         return self.root / "service.log"
 
@@ -95,6 +106,36 @@ class StateDir:
         with os.fdopen(fd, "w") as f:
             f.write(secret + "\n")
         return secret
+
+    def signing_key(self, create: bool = True) -> str | None:
+        """The local issuer's private key (PEM), created with its JWKS on first use."""
+        try:
+            pem = self.signing_key_file.read_text()
+            if not self.jwks_file.exists():
+                self._write_jwks(pem)
+            return pem
+        except FileNotFoundError:
+            if not create:
+                return None
+        from lambdas.core.jwt_keys import new_signing_key
+
+        self.ensure()
+        pem, _ = new_signing_key()
+        try:  # O_EXCL: two concurrent `up`s agree on one key
+            fd = os.open(self.signing_key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return self.signing_key(create=False)
+        with os.fdopen(fd, "w") as f:
+            f.write(pem)
+        self._write_jwks(pem)
+        return pem
+
+    def _write_jwks(self, pem: str) -> None:
+        from lambdas.core.jwt_keys import public_jwks
+
+        tmp = self.jwks_file.with_name(f".jwks.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(public_jwks(pem), indent=2) + "\n")
+        os.replace(tmp, self.jwks_file)
 
     def read_runtime(self) -> dict:
         try:

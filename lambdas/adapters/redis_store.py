@@ -61,13 +61,14 @@ end
 _FINISH = _UNLOAD + """
 local rows = cjson.decode(ARGV[1])
 local now = ARGV[2]
+local from = ARGV[4] or ''
 local done = {}
 local stored, dup, unknown = 0, 0, 0
 for i, r in ipairs(rows) do
   local key = 't:' .. r[1]
   local s = redis.call('HGET', key, 's')
-  if not s then
-    unknown = unknown + 1
+  if not s or (from ~= '' and redis.call('HGET', key, 'e') ~= from) then
+    unknown = unknown + 1  -- or routed to another endpoint than the sender's: not its to answer
   elseif s == 'SUCCEEDED' or s == 'FAILED' or s == 'TIMED_OUT' or s == 'CANCELLED' then
     dup = dup + 1
   else
@@ -103,11 +104,12 @@ _PROGRESS = """
 local rank = """ + _RANK + """
 local rows = cjson.decode(ARGV[1])
 local now = tonumber(ARGV[2])
+local from = ARGV[3] or ''
 local applied = 0
 for i, u in ipairs(rows) do
   local key = 't:' .. u[1]
   local s = redis.call('HGET', key, 's')
-  if s and rank[s] ~= nil then
+  if s and rank[s] ~= nil and (from == '' or redis.call('HGET', key, 'e') == from) then
     if u[2] ~= 'LEASE' and rank[u[2]] > rank[s] then
       redis.call('HSET', key, 's', u[2], 'ev', (redis.call('HGET', key, 'ev') or '') .. u[2] .. '@' .. u[3] .. ';')
       redis.call('ZADD', 'leases', now + u[4], u[1])
@@ -260,16 +262,19 @@ class TaskStore:
         self.r.delete(f"idem:{owner}:{key}")
 
     # --- results and progress from agents ---------------------------------------
-    def finish(self, rows: list[list[Any]]) -> tuple[int, int, int]:
+    def finish(self, rows: list[list[Any]], endpoint_id: str = "") -> tuple[int, int, int]:
         """rows: [task_id, state, result, error, reason, agent events 'S@ts;...'
-        (, stdout, stderr)].
+        (, stdout, stderr)]. With `endpoint_id` (results from an agent), only tasks routed
+        to that endpoint are finished; others count as unknown.
         Returns (stored, duplicates ignored, unknown ids)."""
-        stored, dup, unknown = self._finish(args=[orjson.dumps(rows), f"{time.time():.6f}", self.unretrieved_ttl])
+        stored, dup, unknown = self._finish(args=[orjson.dumps(rows), f"{time.time():.6f}", self.unretrieved_ttl,
+                                                  endpoint_id])
         return int(stored), int(dup), int(unknown)
 
-    def progress(self, rows: list[list[Any]]) -> int:
-        """rows: [task_id, DISPATCHED|RUNNING|LEASE, ts, lease_seconds]."""
-        return int(self._progress(args=[orjson.dumps(rows), f"{time.time():.6f}"]))
+    def progress(self, rows: list[list[Any]], endpoint_id: str = "") -> int:
+        """rows: [task_id, DISPATCHED|RUNNING|LEASE, ts, lease_seconds]; with `endpoint_id`,
+        only tasks routed to that endpoint move."""
+        return int(self._progress(args=[orjson.dumps(rows), f"{time.time():.6f}", endpoint_id]))
 
     def expire_leases(self, limit: int = 5000) -> tuple[int, int]:
         requeued, failed = self._expire(args=[f"{time.time():.6f}", limit, self.unretrieved_ttl])

@@ -32,3 +32,17 @@ class Unavailable(ServiceError):
 
     status = 503
     code = "unavailable"
+
+
+class Forbidden(ServiceError):
+    """The caller may see the object but not do this with it (the role is too small)."""
+
+    status = 403
+    code = "forbidden"
+
+
+class TooMany(ServiceError):
+    """A rate limit: the request may be retried after the time the message names."""
+
+    status = 429
+    code = "rate_limited"

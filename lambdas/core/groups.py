@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 import orjson
 
-from lambdas.core import deps, registry
+from lambdas.core import access, deps, registry
 from lambdas.core.errors import NotFound, ServiceError
 from lambdas.core.ids import is_uuid, new_id
 from skyfn.placement import LiveState, Policy, PolicyError, Scheduler, load_policy
@@ -112,7 +112,7 @@ def _record(owner: str, group_id: str) -> dict[str, Any]:
             _cache(item)
             raw = {"o": item["group_owner"], "name": item["name"], "c": str(item["created"]),
                    "members": item["members"], "policy": item["policy"]}
-    if not raw or raw["o"] != owner:
+    if not raw or not access.allows("endpoint-group", group_id, raw["o"], owner):  # owner or shared (access.py)
         raise NotFound(f"endpoint group {group_id} not found: create one with Client.create_group(...)")
     return {"group_id": group_id, "owner": raw["o"], "name": raw["name"], "created": float(raw["c"]),
             "members": orjson.loads(raw["members"]), "policy": raw["policy"]}
@@ -148,7 +148,7 @@ def info(owner: str, group_id: str) -> dict[str, Any]:
     rec = _record(owner, group_id)
     _, figures = live_state(rec["members"])
     policy = _policy(rec["policy"])
-    return {"group_id": group_id, "name": rec["name"], "owner": owner, "created": rec["created"],
+    return {"group_id": group_id, "name": rec["name"], "owner": rec["owner"], "created": rec["created"],
             "policy": rec["policy"], "warnings": [w.as_dict() for w in policy.warnings],
             "members": [{"name": m["name"], "endpoint_id": m["endpoint_id"], **figures[m["name"]]}
                         for m in rec["members"]]}

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from lambdas.config import settings
-from lambdas.core import deps
+from lambdas.core import access, deps
 from lambdas.core.errors import NotFound
 from lambdas.core.ids import is_uuid, new_id
 from skyfn.protocol.api import EndpointInfo, FunctionInfo, RegisterEndpoint, RegisterFunction
@@ -51,7 +51,7 @@ def function_bodies(owner: str, function_ids: set[str]) -> dict[str, tuple[str, 
             _cache_function(item)
             o, b = item["owner"].encode(), item["body"].encode()
             meta = orjson.dumps({"container": item.get("container")})
-        if o.decode() != owner:
+        if o.decode() != owner and not access.allows("function", fid, o.decode(), owner):
             raise NotFound(f"function {fid} not found: register it first (Client.register_function)")
         out[fid] = (b.decode(), orjson.loads(meta or b"{}").get("container"))
     return out
@@ -64,7 +64,7 @@ def get_function(owner: str, function_id: str) -> FunctionInfo:
         item = {"function_id": function_id, "owner": raw["o"], "created": float(raw["c"]), "body": raw["b"], **meta}
     else:
         item = deps.dynamo().get_function(function_id) if is_uuid(function_id) else None
-    if not item or item["owner"] != owner:
+    if not item or not access.allows("function", function_id, item["owner"], owner):
         raise NotFound(f"function {function_id} not found")
     return FunctionInfo(function_id=function_id, name=item.get("name"), owner=item["owner"], tag=item.get("tag"),
                         container=item.get("container"), created=float(item["created"]), function=item["body"])
@@ -118,14 +118,15 @@ def _endpoint_record(endpoint_id: str) -> dict[str, str] | None:
 
 
 def check_endpoint(owner: str, endpoint_id: str) -> None:
+    """The caller (`owner`) may run tasks on the endpoint: owns it or was granted a role."""
     rec = _endpoint_record(endpoint_id)
-    if rec is None or rec["o"] != owner:
+    if rec is None or not access.allows("endpoint", endpoint_id, rec["o"], owner):
         raise NotFound(f"endpoint {endpoint_id} not found: list yours with Client.list_endpoints()")
 
 
 def endpoint_info(owner: str, endpoint_id: str) -> EndpointInfo:
     rec = _endpoint_record(endpoint_id)
-    if rec is None or rec["o"] != owner:
+    if rec is None or not access.allows("endpoint", endpoint_id, rec["o"], owner):
         raise NotFound(f"endpoint {endpoint_id} not found: list yours with Client.list_endpoints()")
     hb = float(rec["hb"]) if rec.get("hb") else None
     queue, _ = deps.task_queue(endpoint_id)
@@ -141,8 +142,20 @@ def list_endpoints(owner: str) -> list[EndpointInfo]:
     return sorted(infos, key=lambda e: e.created)
 
 
-def heartbeat(owner: str, endpoint_id: str, stats: dict[str, Any]) -> EndpointInfo:
-    check_endpoint(owner, endpoint_id)
+def heartbeat(owner: str, endpoint_id: str, stats: dict[str, Any], agent_endpoint: str | None = None) -> EndpointInfo:
+    """From the endpoint's agent (its credential: `agent_endpoint`) or a user with 'manage'."""
+    rec = _endpoint_record(endpoint_id)
+    if rec is None:
+        raise NotFound(f"endpoint {endpoint_id} not found: list yours with Client.list_endpoints()")
+    if agent_endpoint is not None:
+        from lambdas.core.errors import Forbidden
+
+        if agent_endpoint != endpoint_id:
+            raise Forbidden(f"this endpoint credential is not endpoint {endpoint_id}'s")
+        owner = rec["o"]
+    else:
+        access.require("endpoint", endpoint_id, rec["o"], owner, "manage",
+                       f"endpoint {endpoint_id} (list yours with Client.list_endpoints())")
     deps.redis_client().hset(f"ep:{endpoint_id}", mapping={"hb": f"{time.time():.6f}", "st": "online",
                                                             "stats": orjson.dumps(stats)})
     return endpoint_info(owner, endpoint_id)

@@ -83,6 +83,11 @@ class EndpointRegistered(EndpointInfo):
     task_queue: QueueDescriptor
     results_queue: QueueDescriptor
     control_queue: QueueDescriptor = Field(description="cancellations of this endpoint's tasks")
+    # security (endpoint credentials): issued when the owner registers; never logged
+    agent_credential: Optional[str] = Field(default=None, description="the endpoint's own credential for its "
+                                                                      "agent (rotated by each registration)")
+    aws_credentials: Optional[dict[str, str]] = Field(default=None, description="SQS only: session credentials "
+                                                                                "scoped to this endpoint's queues")
 
 
 class EndpointList(BaseModel):

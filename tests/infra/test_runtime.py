@@ -46,7 +46,11 @@ def test_up_status_down(tmp_path):
 
         config_file = home / "config.json"
         assert stat.S_IMODE(config_file.stat().st_mode) == 0o600
-        assert stat.S_IMODE((home / "local" / "auth_secret").stat().st_mode) == 0o600
+        # the local issuer's private key and the Redis password are the owner's alone; the
+        # service verifies with the public key set only (H9: security)
+        assert stat.S_IMODE((home / "local" / "signing_key.pem").stat().st_mode) == 0o600
+        assert stat.S_IMODE((home / "local" / "redis" / "redis.password").stat().st_mode) == 0o600
+        assert json.loads((home / "local" / "jwks.json").read_text())["keys"][0]["kty"] == "EC"
         config = json.loads(config_file.read_text())
         assert config["service_url"].startswith("http://127.0.0.1:") and config["token"]
 
