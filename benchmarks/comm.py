@@ -24,6 +24,8 @@ two peers crosses the same path: peer A -> NAT router A -> public bridge -> NAT 
   BRPOPs it, GETs the value and LPUSHes an ack that rank 0 BRPOPs. redis-server in the
   public namespace without persistence (the most favourable to Redis), redis-py with
   hiredis; medians.
+- for comparison, the same pair relayed by the rendezvous server (allow_direct=False):
+  bandwidth, round trip, 1 MiB transfer.
 - pairings per second of the rendezvous server (rendezvous.bench.pairings_per_second,
   load from the public namespace).
 - allreduce (8 B and 8 MiB of float64) and alltoall (64 KiB and 1 MiB per destination)
@@ -99,7 +101,8 @@ def start_redis(topo: NatTopology, workdir: Path) -> subprocess.Popen:
 
 def _ranks(topo, sites, secret: str, group: str, args_for, timeout: float) -> dict:
     """Run benchmarks.comm_peer on `sites`; rank 0's JSON figures (any rank's error raises)."""
-    env = {"SKYFN_BENCH_TOKEN": make_token(secret, group)}
+    env = {"SKYFN_BENCH_TOKEN": make_token(secret, group),
+           "SKYFN_BENCH_RELAY_TOKEN": make_token(secret, group + ".relay")}
     readers = spawn_ranks(topo, sites, "benchmarks.comm_peer", args_for, env)
     deadline = time.monotonic() + timeout
     result = {}
@@ -179,6 +182,9 @@ def run(args) -> dict:
         "socket_rtt_us_median_runs": [p["rtt_us_median"] for p in pings],
         **{k: round(pair[k], 3) for k in ("direct_1mib_ms", "redis_1mib_ms", "direct_64mib_ms", "redis_64mib_ms")},
         "pair_modes": sorted({s["mode"] for s in pair["stats"].values()}),
+        "relay_bw_gbit": round(pair["relay_bw_gbit"], 3), "relay_rtt_us_median": round(pair["relay_rtt_us_median"], 2),
+        "relay_1mib_ms": round(pair["relay_1mib_ms"], 3),
+        "relay_modes": sorted({s["mode"] for s in pair["relay_stats"].values()}),
         "collectives": {str(n): {k: (round(v, 3) if isinstance(v, float) else v) for k, v in c.items()}
                         for n, c in coll.items()},
         "repeats": args.repeats, "load_avg_1m_at_start": round(load, 2),
@@ -199,6 +205,8 @@ def table(r: dict) -> str:
         ("64 MiB transfer, direct vs Redis", f"{r['direct_64mib_ms']:.1f} vs {r['redis_64mib_ms']:.1f} ms",
          f"{r['speedup_vs_redis_64mib']:.1f}x faster"),
         ("rendezvous pairings", f"{r['pairings_per_s']:.0f} /s", "target >= 2000"),
+        ("same pair relayed by the rendezvous server", f"{r['relay_bw_gbit']:.2f} Gbit/s",
+         f"RTT {r['relay_rtt_us_median']:.1f} us, 1 MiB {r['relay_1mib_ms']:.2f} ms"),
     ]
     lines = [f"{a:<46} {b:<28} {c}" for a, b, c in rows]
     lines.append("")

@@ -3,11 +3,13 @@
     python -m benchmarks.comm_peer pair RENDEZVOUS GROUP RANK REDIS_HOST REPEATS
         two ranks over one punched channel: bandwidth (64 MiB messages), 1-byte
         round trips, 1 MiB and 64 MiB transfers direct (send, 1-byte ack) and through
-        Redis only (SET + LPUSH notice, BRPOP + GET, LPUSH ack, BRPOP ack).
+        Redis only (SET + LPUSH notice, BRPOP + GET, LPUSH ack, BRPOP ack); then the
+        same pair relayed by the rendezvous server (allow_direct=False): bandwidth,
+        round trips, 1 MiB transfers.
     python -m benchmarks.comm_peer coll RENDEZVOUS GROUP SIZE ITERS
         allreduce (1 and 1 Mi float64) and alltoall (64 KiB and 1 MiB per destination).
 
-Token from $SKYFN_BENCH_TOKEN. Rank 0 prints one JSON line with its figures; every rank
+Tokens from $SKYFN_BENCH_TOKEN (and $SKYFN_BENCH_RELAY_TOKEN for GROUP.relay). Rank 0 prints one JSON line with its figures; every rank
 prints {"error": ...} and exits 1 on failure.
 """
 from __future__ import annotations
@@ -27,9 +29,10 @@ MiB = 1 << 20
 now = time.perf_counter
 
 
-def _join(rendezvous: str, group: str, size: int, rank: int | None) -> Communicator:
-    return Communicator.join(group, rendezvous=rendezvous, token=os.environ["SKYFN_BENCH_TOKEN"], size=size,
-                             rank=rank, timeout=120.0)
+def _join(rendezvous: str, group: str, size: int, rank: int | None, relay: bool = False) -> Communicator:
+    token = os.environ["SKYFN_BENCH_RELAY_TOKEN" if relay else "SKYFN_BENCH_TOKEN"]
+    return Communicator.join(group + (".relay" if relay else ""), rendezvous=rendezvous, token=token, size=size,
+                             rank=rank, timeout=120.0, allow_direct=not relay)
 
 
 def _bandwidth_gbit(c, msg: int, count: int) -> float:
@@ -123,11 +126,21 @@ def pair(rendezvous: str, group: str, rank: int, redis_host: str, repeats: int) 
         figures[f"redis_{label}_ms"] = _redis_transfer_ms(c, r, payload, reps, f"{group}:{label}")
     c.barrier()
     c.close()
+    # The same pair forced through the rendezvous server's relay, for comparison.
+    c = _join(rendezvous, group, 2, rank, relay=True)
+    relay_mode = _plain_stats(c.stats())
+    relay_bw = max(_bandwidth_gbit(c, 64 * MiB, 8) for _ in range(repeats))
+    relay_rtt = _round_trips_us(c, 5000)
+    relay_1mib = _transfer_ms(c, os.urandom(MiB), 50)
+    c.barrier()
+    c.close()
     if rank != 0:
         return {}
     medians = [statistics.median(x) for x in rtt]
     best = min(range(repeats), key=lambda i: medians[i])
-    return {"stats": _plain_stats(mode), "bw_gbit_runs": bw, "bw_gbit": max(bw),
+    return {"stats": _plain_stats(mode), "relay_stats": relay_mode, "relay_bw_gbit": relay_bw,
+            "relay_rtt_us_median": statistics.median(relay_rtt), "relay_1mib_ms": statistics.median(relay_1mib),
+            "bw_gbit_runs": bw, "bw_gbit": max(bw),
             "rtt_us_median": medians[best], "rtt_us_min": min(rtt[best]),
             "rtt_us_mean": statistics.fmean(rtt[best]), "rtt_us_median_runs": medians,
             **{k: statistics.median(v) for k, v in figures.items()},
