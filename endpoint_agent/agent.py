@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from endpoint_agent import __version__
+from endpoint_agent import credential
 from endpoint_agent.config import EndpointConfig, resolve_service
 from endpoint_agent.interchange import Interchange
 from endpoint_agent.link import Heartbeater, ServiceLink
@@ -137,16 +138,52 @@ class Agent:
         if self.task_queue_desc is not None:
             self.endpoint_id = self.endpoint_id or self.name
             return
-        url, token = resolve_service(self.config)
-        self.link = ServiceLink(url, token)
-        log.info("registering endpoint %r with %s", self.name, url)
-        reg = self.link.register(self.name, self.metadata(), stop=self._stop)
+        reg = self._connect_with_credential()
+        if reg is None:
+            url, token = resolve_service(self.config)
+            self.link = ServiceLink(url, token)
+            log.info("registering endpoint %r with %s", self.name, url)
+            reg = self.link.register(self.name, self.metadata(), stop=self._stop)
+            if reg.agent_credential:  # from now on the agent speaks as its endpoint (credential.py)
+                credential.save(self.paths.credential, reg.agent_credential)
+                self.link.use_token(reg.agent_credential)
         self.endpoint_id = reg.endpoint_id
+        if reg.aws_credentials:  # SQS: the endpoint's own session, refreshed through connect
+            endpoint_id, link = reg.endpoint_id, self.link
+            credential.use_aws_session(reg.aws_credentials,
+                                       lambda: link.connect(endpoint_id, stop=self._stop).aws_credentials)
         self.task_queue_desc = reg.task_queue
         self.results_queue_desc = reg.results_queue
         self.control_queue_desc = getattr(reg, "control_queue", None)
         log.info("registered as endpoint %s (task queue %s %s)", reg.endpoint_id, reg.task_queue.kind,
                  reg.task_queue.name)
+
+    def _connect_with_credential(self):
+        """Connect as the endpoint with a credential kept from an earlier registration (or
+        SKYFN_ENDPOINT_CREDENTIAL); None when there is none or the service refuses it (it
+        was rotated or revoked: the owner's token registers again)."""
+        from endpoint_agent.config import ConfigError, resolve_url
+        from endpoint_agent.link import ServiceError
+
+        cred = credential.load(self.paths.credential)
+        if cred is None:
+            return None
+        try:
+            url = resolve_url(self.config)
+        except ConfigError:
+            return None
+        self.link = ServiceLink(url, cred)
+        try:
+            reg = self.link.connect(credential.endpoint_of(cred), stop=self._stop)
+        except ServiceError as exc:
+            log.warning("the endpoint credential was refused (%s); registering with the owner's token", exc)
+            credential.forget(self.paths.credential)
+            self.link.close()
+            self.link = None
+            return None
+        log.info("connected as endpoint %s with its credential", reg.endpoint_id)
+        return reg.model_copy(update={q: credential.complete(getattr(reg, q), cred)
+                                      for q in ("task_queue", "results_queue", "control_queue")})
 
     def _open(self, desc: QueueDescriptor):
         from skyfn.protocol.queues import open_queue

@@ -329,3 +329,17 @@ def resolve_service(config: EndpointConfig) -> tuple[str, str]:
     if not token:
         raise ConfigError(f"no token: set token in config.yaml, or SKYFN_TOKEN, or the token key of {client_path}")
     return url.rstrip("/"), token
+
+
+def resolve_url(config: EndpointConfig) -> str:
+    """The service URL alone (an agent holding its endpoint's credential needs no user token)."""
+    client: dict[str, Any] = {}
+    client_path = skyfn_home() / "config.json"
+    try:
+        client = json.loads(client_path.read_text()) or {}
+    except (OSError, ValueError):
+        client = {}
+    url = config.service_url or os.environ.get("SKYFN_SERVICE_URL") or client.get("service_url")
+    if not url:
+        raise ConfigError("no service URL: set service_url in config.yaml, or SKYFN_SERVICE_URL")
+    return url.rstrip("/")

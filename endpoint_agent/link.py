@@ -66,6 +66,27 @@ class ServiceLink:
                 time.sleep(delay)
             delay = min(BACKOFF_MAX_S, delay * 2)
 
+    def use_token(self, token: str) -> None:
+        """Speak with another credential from now on (the endpoint's own, once issued)."""
+        self.session.headers["Authorization"] = f"Bearer {token}"
+
+    def connect(self, endpoint_id: str, stop: threading.Event | None = None) -> EndpointRegistered:
+        """With the endpoint's credential: learn the queues (POST /endpoints/{id}/connect),
+        retrying while the service is unreachable; a refusal raises ServiceError."""
+        delay = BACKOFF_START_S
+        while True:
+            try:
+                return EndpointRegistered.model_validate(self._post(f"/endpoints/{endpoint_id}/connect", "{}"))
+            except ServiceError:
+                raise
+            except (requests.RequestException, ValueError) as exc:
+                log.warning("connecting to %s failed (%s); retrying in %.1f s", self.url, exc, delay)
+            if stop is not None and stop.wait(delay):
+                raise InterruptedError("stopped while connecting")
+            if stop is None:
+                time.sleep(delay)
+            delay = min(BACKOFF_MAX_S, delay * 2)
+
     def heartbeat(self, endpoint_id: str, stats: dict[str, Any]) -> dict[str, Any]:
         return self._post(f"/endpoints/{endpoint_id}/heartbeat", Heartbeat(stats=stats).model_dump_json())
 

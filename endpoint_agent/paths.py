@@ -51,6 +51,11 @@ class EndpointPaths:
     def status(self) -> Path:
         return self.dir / "status.json"
 
+    @property
+    def credential(self) -> Path:
+        """The endpoint's own credential (0600; endpoint_agent/credential.py)."""
+        return self.dir / "credential"
+
     def ensure(self) -> "EndpointPaths":
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         return self

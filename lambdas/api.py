@@ -262,7 +262,8 @@ def openapi():
     return Response(status_code=200, content_type="application/json", body=app.get_openapi_json_schema())
 
 
-@logger.inject_lambda_context(clear_state=True)
+# log_event=False whatever POWERTOOLS_LOGGER_LOG_EVENT says: events carry Authorization headers
+@logger.inject_lambda_context(clear_state=True, log_event=False)
 @metrics.log_metrics
 def handler(event: dict, context: LambdaContext) -> dict:
     size = len(event.get("body") or "")

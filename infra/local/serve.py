@@ -121,8 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.local.serve", description=__doc__.split("\n\n")[0])
     parser.add_argument("--home", help="SKYFN_HOME (default: $SKYFN_HOME or ~/.skyfn)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+    logging.basicConfig(level=os.environ.get("SKYFN_LOG_LEVEL", "INFO").upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # AWS SDK wire logs at DEBUG echo request parameters, which carry the handlers'
+    # environment (the Redis URL with its password) when functions are deployed: never below INFO.
+    for noisy in ("botocore", "boto3", "s3transfer", "urllib3"):
+        logging.getLogger(noisy).setLevel(max(logging.INFO, logging.getLogger().level))
     state = StateDir.at(args.home)
     record = state.read_runtime()
     if not record:
