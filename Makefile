@@ -121,3 +121,9 @@ bench-join: install
 .PHONY: bench-placement-sites
 bench-placement-sites: install
 	$(PY) -m benchmarks.placement_sites --json
+
+# Reliability (H8): 20,000 tasks from 4 SDK clients while workers, managers, the agent,
+# redis-server and the service are killed at random intervals (tests/e2e/chaos.py)
+.PHONY: chaos
+chaos: install
+	$(PY) -m tests.e2e.chaos --tasks 20000 --clients 4 --pace 200 --interval 2 8 --json

@@ -5,7 +5,7 @@ report of what every task became.
 
     python -m tests.e2e.chaos --tasks 20000 --clients 4 --json      # make chaos
 
-Victims, chosen at random: a worker (its manager starts another), a manager (the agent
+Victims, in a random order (each kind once per round): a worker (its manager starts another), a manager (the agent
 starts another), the agent (restarted with `skyfn-endpoint start local`), redis-server
 (restarted on its port; it replays its append-only file) and the service process
 (restarted on its port). Clients are plain `skyfn.Executor`s with default settings.
@@ -107,8 +107,12 @@ class Killer(threading.Thread):
         self._halt.set()
 
     def run(self) -> None:
+        bag: list[str] = []
         while not self._halt.wait(self.rng.uniform(*self.interval)):
-            victim = self.rng.choice(self.victims)
+            if not bag:  # every kind once per round, in a random order
+                bag = list(self.victims)
+                self.rng.shuffle(bag)
+            victim = bag.pop()
             try:
                 pid = self.kill(victim)
                 if pid is not None:
@@ -192,37 +196,42 @@ def run(tasks: int = 20000, clients: int = 4, pace: float = 120.0, interval: tup
         "workers": workers, "lease_seconds": 6, "heartbeat_period": 1, "grace_period": 2,
         "manager_heartbeat_period": 0.5, "max_task_retries": 3, "log_level": "WARNING"}))
     env = dict(os.environ, SKYFN_HOME=str(home), PYTHONPATH=str(REPO))
-    os.environ["SKYFN_HOME"] = str(home)
-    t0 = time.time()
-    runtime.up(home, detach=True, echo=lambda *_: None)
-    echo(f"runtime up in {time.time() - t0:.1f} s (home {home})")
-    per = [tasks // clients + (1 if c < tasks % clients else 0) for c in range(clients)]
-    procs = []
-    for c in range(clients):
-        out = home / f"client-{c}.json"
-        code = (f"from tests.e2e.chaos import client_main; client_main({c}, {per[c]}, {pace}, {str(log_dir)!r}, "
-                f"{str(out)!r}, {timeout}, {task_seconds})")
-        procs.append((subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env,
-                                       stdout=open(home / f"client-{c}.log", "wb"), stderr=subprocess.STDOUT), out))
-    killer = Killer(home, interval, victims, seed)
-    started = time.time()
-    killer.start()
-    time.sleep(pace)  # kill while the clients submit
-    killer.stop()
-    killer.join(60)
-    chaos_seconds = time.time() - started
-    echo(f"chaos over after {chaos_seconds:.0f} s: {len(killer.kills)} kills; recovering")
+    saved_home = os.environ.get("SKYFN_HOME")
+    os.environ["SKYFN_HOME"] = str(home)  # Client() here reads this deployment's config
+    procs: list = []
     try:
+        t0 = time.time()
+        runtime.up(home, detach=True, echo=lambda *_: None)
+        echo(f"runtime up in {time.time() - t0:.1f} s (home {home})")
+        per = [tasks // clients + (1 if c < tasks % clients else 0) for c in range(clients)]
+        for c in range(clients):
+            out = home / f"client-{c}.json"
+            code = (f"from tests.e2e.chaos import client_main; client_main({c}, {per[c]}, {pace}, {str(log_dir)!r}, "
+                    f"{str(out)!r}, {timeout}, {task_seconds})")
+            with open(home / f"client-{c}.log", "wb") as log:
+                procs.append((subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdout=log,
+                                               stderr=subprocess.STDOUT), out))
+        killer = Killer(home, interval, victims, seed)
+        started = time.time()
+        killer.start()
+        time.sleep(pace)  # kill while the clients submit
+        killer.stop()
+        killer.join(60)
+        chaos_seconds = time.time() - started
+        echo(f"chaos over after {chaos_seconds:.0f} s: {len(killer.kills)} kills; recovering")
         revived = recover.revive(home)
         for p, _ in procs:
             p.wait(timeout + 120)
-        report = _report(home, procs, per, killer, chaos_seconds, revived, time.time() - started)
+        return _report(home, procs, per, killer, chaos_seconds, revived, time.time() - started)
     finally:
         for p, _ in procs:
             if p.poll() is None:
                 p.kill()
         runtime.down(home, echo=lambda *_: None)
-    return report
+        if saved_home is None:
+            os.environ.pop("SKYFN_HOME", None)
+        else:
+            os.environ["SKYFN_HOME"] = saved_home
 
 
 def _report(home, procs, per, killer, chaos_seconds, revived, seconds) -> dict:
