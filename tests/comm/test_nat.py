@@ -5,7 +5,8 @@ own MASQUERADE router, the rendezvous server in the public namespace (tests/comm
   address, and data, collectives and point-to-point keep working after the rendezvous
   server is killed;
 - behind symmetric NATs (--random-fully) punching cannot work: the pair falls back to the
-  relay and the program still gets every byte (sha256 of what was sent vs received).
+  relay and the program still gets every byte (sha256 of what was sent vs received);
+- in a group where one peer is behind a symmetric NAT, the choice is made per pair.
 """
 from __future__ import annotations
 
@@ -104,3 +105,24 @@ def test_symmetric_nat_falls_back_to_relay_with_every_byte(make_topology):
             assert st["address"].rsplit(":", 1)[0] == topo.public_ip
         _check_bytes_and_collectives(2, by_rank)
     assert after[0]["stats"]["1"]["bytes_received"] >= 2 * nbytes
+
+
+def test_mixed_group_chooses_direct_or_relay_per_pair(make_topology):
+    """Three peers behind port-keeping NATs and one behind a symmetric NAT: pairs among the
+    three punch, every pair with the fourth is relayed, and every byte arrives."""
+    topo = make_topology(4, symmetric=[False, False, False, True])
+    nbytes = 256 << 10
+    site_of, joined, after = _run(topo, 4, nbytes, explicit_ranks=True, kill_rendezvous=False)
+    for by_rank in (joined, after):
+        for i in range(4):
+            for j in range(4):
+                if i == j:
+                    continue
+                st = by_rank[i]["stats"][str(j)]
+                if 3 in (i, j):
+                    assert st["mode"] == "relay", (i, j, st)
+                    assert st["address"].rsplit(":", 1)[0] == topo.public_ip
+                else:
+                    assert st["mode"] == "direct", (i, j, st)
+                    assert st["address"].rsplit(":", 1)[0] == site_of[j].public_ip
+        _check_bytes_and_collectives(4, by_rank)
