@@ -51,11 +51,12 @@ from typing import Any
 
 import zmq
 
-from endpoint_agent import wire
+from endpoint_agent import blob_results, wire
 from endpoint_agent.config import EndpointConfig, is_loopback
 from endpoint_agent.outbox import Outbox
 from endpoint_agent.poller import Delivery
 from endpoint_agent.procutil import child_env, describe_exit
+from skyfn.protocol import blobs
 from skyfn.protocol.messages import PACK_MAX_BYTES
 from skyfn.protocol.states import now
 
@@ -190,6 +191,7 @@ class Interchange:
         self.pack_seq = itertools.count(1)
         self.tasks: dict[int, list] = {}
         self.packs: dict[int, list] = {}          # seq -> [receipt, remaining]
+        self.result_upload: dict | None = None    # presigned S3 form of the latest pack (large results)
         self.pending: dict[tuple, collections.deque] = {PLAIN: collections.deque()}
         self.n_pending = 0
         self.functions: dict[str, str] = {}
@@ -504,6 +506,8 @@ class Interchange:
             self.received_tasks += n
             if pack.functions:
                 functions.update(pack.functions)
+            if pack.result_upload:  # where results too large to travel inline go (blob_results.py)
+                self.result_upload = pack.result_upload
             seq = next(self.pack_seq)
             self.packs[seq] = [receipt, n]
             if not n:
@@ -521,8 +525,9 @@ class Interchange:
                     continue
                 key = next(keys)
                 res = spec.resources
+                payload = spec.payload if spec.payload_url is None else blobs.make_ref(spec.payload_url)
                 if spec.container is None and not res and not placed:
-                    tasks[key] = [spec.task_id, spec.function_id, spec.payload, spec.walltime, seq, recv_ts, 0,
+                    tasks[key] = [spec.task_id, spec.function_id, payload, spec.walltime, seq, recv_ts, 0,
                                   PLAIN, None]
                     plain.append(key)
                     self.n_pending += 1
@@ -532,7 +537,7 @@ class Interchange:
                 route = (spec.container or wire.NO_CONTAINER, cores if cores > 1 or gpus else 0, gpus)
                 if placed:  # the policy decides per function tag
                     route += (spec.tag,)
-                t = [spec.task_id, spec.function_id, spec.payload, spec.walltime, seq, recv_ts, 0, route, None]
+                t = [spec.task_id, spec.function_id, payload, spec.walltime, seq, recv_ts, 0, route, None]
                 tasks[key] = t
                 self._pend(key, t)
 
@@ -787,7 +792,11 @@ class Interchange:
             rec = {"task_id": t[T_ID], "state": state,
                    "events": [["DISPATCHED", t[T_RECV]], ["RUNNING", start], ["DONE", done]]}
             if result is not None:
-                rec["result"] = result
+                stored, result = blob_results.offload(self.result_upload, t[T_ID], result)
+                if stored:
+                    rec["result"] = result
+                else:
+                    rec.update(state="FAILED", reason=result)
             if error is not None:
                 rec["error"] = error
             if out is not None:

@@ -26,6 +26,7 @@ import zmq
 from endpoint_agent import wire
 from endpoint_agent.procutil import die_with_parent
 from endpoint_agent.slots import Slots
+from skyfn.protocol import blobs
 from skyfn.protocol.remote_exception import wrap_exception
 from skyfn.protocol.serialize import deserialize, serialize, unpack_args
 
@@ -121,6 +122,8 @@ def run_task(cache: FunctionCache, function_id: str, payload: str) -> tuple[str,
     function: the worker's own frame is cut off."""
     try:
         fn = cache.get(function_id)
+        if blobs.is_ref(payload):  # a large payload in S3: fetched here, off the agent's loop
+            payload = blobs.download(blobs.target(payload))
         args, kwargs = unpack_args(payload)
     except Exception as exc:  # DeserializationError and friends: FAILED, with the fix in the message
         return "FAILED", None, _wrap(exc)

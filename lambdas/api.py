@@ -23,7 +23,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from lambdas.auth import Unauthorized, identify
-from lambdas.core import guard  # security: agent routes, rate limits (H9)
+from lambdas.core import guard, limits  # security: agent routes, rate limits, size limits (H9)
 from lambdas.config import settings
 from lambdas.core import batches, flows, registry, runs, tasks
 from lambdas.core.errors import ServiceError, TooLarge
@@ -118,12 +118,13 @@ def _service_error(exc: ServiceError) -> Response:
 @app.exception_handler(RequestValidationError)
 def _invalid(exc: RequestValidationError) -> Response:
     problems = []
-    for err in exc.errors()[:20]:
+    errors = [{**e, "msg": limits.with_value_seen(e)} for e in exc.errors()[:20]]  # size limits name the size seen
+    for err in errors:
         where = ".".join(str(p) for p in err.get("loc", ()))
         problems.append(f"{where}: {err.get('msg')}")
     return _error(422, "invalid_request", "; ".join(problems) or "invalid request",
                   [{"loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg"), "type": e.get("type")}
-                   for e in exc.errors()[:20]])
+                   for e in errors])
 
 
 @app.exception_handler(redis.exceptions.ConnectionError)

@@ -10,7 +10,7 @@ from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, pro
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from lambdas.core import deps
+from lambdas.core import blobs, deps
 from skyfn.protocol.messages import ResultPack
 from skyfn.protocol.states import format_events
 
@@ -28,6 +28,10 @@ def apply_pack(pack: ResultPack) -> tuple[int, int, int]:
         return 0, 0, 0
     rows = [[r.task_id, r.state, r.result, r.error, r.reason, format_events(r.events), r.stdout, r.stderr]
             for r in pack.results]
+    for row in rows:  # a result in S3 must be at its own task's key under the sender's prefix
+        refused = blobs.bad_result(pack.endpoint_id, row[0], row[2])
+        if refused:
+            row[1:5] = ["FAILED", None, None, refused]
     # only tasks routed to the pack's endpoint: an agent answers for its own tasks alone
     return store.finish(rows, pack.endpoint_id)
 

@@ -1,7 +1,8 @@
 """Security routes of the REST API (a Powertools router included by lambdas/api.py):
 who am I, shares of functions/endpoints/endpoint groups, teams, endpoint credentials
-(rotate, revoke, and the agent's connect), rendezvous group tokens, and a task's audit
-record. The logic lives in lambdas/core (access, teams, agent_keys, audit, rendezvous_tokens).
+(rotate, revoke, and the agent's connect), rendezvous group tokens, a task's audit
+record, and upload forms for large arguments (S3). The logic lives in lambdas/core
+(access, teams, agent_keys, audit, rendezvous_tokens, blobs).
 """
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path
 
-from lambdas.core import access, agent_keys, audit, rendezvous_tokens, teams
+from lambdas.core import access, agent_keys, audit, blobs, rendezvous_tokens, teams
 from lambdas.core.errors import Forbidden, NotFound
 from skyfn.protocol.api import EndpointRegistered, ErrorBody
 from skyfn.protocol.security import (
     PRINCIPAL_PATTERN,
     AgentCredential,
+    BlobUpload,
+    CreateBlob,
+    CredentialRevoked,
     CreateTeam,
     Grant,
     IncomingShares,
@@ -149,13 +153,13 @@ def rotate_credential(endpoint_id: IdPath):
     return _json(201, {"endpoint_id": endpoint_id, "agent_credential": agent_keys.issue(endpoint_id)})
 
 
-@router.delete("/endpoints/<endpoint_id>/credential", responses={204: {"description": "revoked"},
+@router.delete("/endpoints/<endpoint_id>/credential", responses={**_ok(200, CredentialRevoked),
                                                                  **_errors(403, 404, 422)})
 def revoke_credential(endpoint_id: IdPath):
     access.require("endpoint", endpoint_id, owner_of("endpoint", endpoint_id), _user(), "manage",
                    f"endpoint {endpoint_id}")
     agent_keys.revoke(endpoint_id)
-    return Response(status_code=204, body="")
+    return _json(200, {"endpoint_id": endpoint_id, "revoked": True})
 
 
 @router.post("/endpoints/<endpoint_id>/connect", responses={**_ok(200, EndpointRegistered), **_errors(403, 404, 422)})
@@ -175,7 +179,7 @@ def connect(endpoint_id: IdPath):
 
 
 # --- rendezvous ---------------------------------------------------------------------------
-@router.post("/rendezvous/tokens", responses={**_ok(201, RendezvousToken), **_errors(422)})
+@router.post("/rendezvous/tokens", responses={**_ok(201, RendezvousToken), **_errors(404, 422)})
 def rendezvous_token(body: Annotated[RendezvousTokenRequest, Body()]):
     return _json(201, rendezvous_tokens.issue(_user(), body.name, body.ttl_seconds))
 
@@ -184,3 +188,9 @@ def rendezvous_token(body: Annotated[RendezvousTokenRequest, Body()]):
 @router.get("/tasks/<task_id>/audit", responses={**_ok(200, TaskAudit), **_errors(404, 422)})
 def task_audit(task_id: IdPath):
     return _json(200, audit.task_record(_user(), task_id))
+
+
+# --- large arguments (S3) -------------------------------------------------------------------
+@router.post("/blobs", responses={**_ok(201, BlobUpload), **_errors(422)})
+def create_blob(body: Annotated[CreateBlob, Body()]):
+    return _json(201, blobs.create_upload(_user(), body.size))

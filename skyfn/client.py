@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 from skyfn.config import load_config
 from skyfn.http import HttpClient, SkyfnAPIError, SkyfnConnectionError, TaskNotFound
+from skyfn.protocol import blobs
 from skyfn.protocol.api import MAX_STATUS_IDS, MAX_WAIT_SECONDS
 from skyfn.protocol.errors import (
     SkyfnError,
@@ -55,6 +56,8 @@ def task_outcome(task_id: str, st: dict) -> tuple[bool, Any]:
     try:
         if state == "SUCCEEDED":
             result = st.get("result")
+            if blobs.is_ref(result) and st.get("result_url"):  # a large result, kept in S3
+                result = blobs.download(st["result_url"])
             return True, (deserialize(result) if result is not None else None)
         error = st.get("error")
         if state == "FAILED" and error:
@@ -229,6 +232,7 @@ class Client:
         split into requests of at most ~5,000 tasks / ~8 MB, each with its own idempotency
         key that is reused by every retry of that request."""
         ids: list[str] = []
+        tasks = [self._offload(t) for t in tasks]  # large arguments go through S3
         for chunk in split_requests(tasks):
             body: dict[str, Any] = {"tasks": chunk, "idempotency_key": uuid.uuid4().hex}
             if endpoint_id:
@@ -247,6 +251,16 @@ class Client:
                 raise SkyfnError(f"the service returned {len(got)} task ids for {len(chunk)} tasks")
             ids.extend(got)
         return ids
+
+    def _offload(self, task: dict) -> dict:
+        """A task whose payload is too large to travel inline, with the payload uploaded to
+        S3 (an upload form from POST /blobs) and referenced instead (skyfn.protocol.blobs)."""
+        payload = task.get("payload")
+        if not isinstance(payload, str) or len(payload) <= blobs.INLINE_BYTES or blobs.is_ref(payload):
+            return task
+        data = payload.encode("utf-8")
+        form = self._http.post("/blobs", {"size": len(data)})
+        return {**task, "payload": blobs.make_ref(blobs.upload(form, data))}
 
     # -- reading --------------------------------------------------------------------
     def get_task(self, task_id: str) -> dict:

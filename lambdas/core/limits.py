@@ -54,3 +54,19 @@ def take(principal: str) -> Verdict:
 
 def retry_after_header(seconds: float) -> str:
     return str(max(1, math.ceil(seconds)))
+
+
+def with_value_seen(err: dict) -> str:
+    """A validation message that names the size seen next to the limit (pydantic names
+    only the limit for strings: "String should have at most 1048576 characters")."""
+    msg = str(err.get("msg", ""))
+    value = err.get("input")
+    if err.get("type") == "string_too_long" and isinstance(value, str):
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        hint = ""
+        if where.endswith("payload"):
+            hint = ": large arguments go through S3 (the SDK does this by itself; see docs/security.md, Limits)"
+        elif where.endswith("function"):
+            hint = ": ship large data as arguments or files, not inside the function"
+        return f"{msg}, got {len(value)}{hint}"
+    return msg

@@ -14,8 +14,10 @@ from lambdas.core.errors import ServiceError
 
 
 class RendezvousNotConfigured(ServiceError):
-    status = 503
-    code = "unavailable"
+    """The deployment runs no rendezvous server: nothing to issue tokens for (not a fault)."""
+
+    status = 404
+    code = "rendezvous_not_configured"
 
 
 def namespace(user: str) -> str:

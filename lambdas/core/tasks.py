@@ -14,10 +14,11 @@ import orjson
 
 from aws_lambda_powertools import Logger
 
-from lambdas.core import deps, groups, registry
+from lambdas.core import blobs, deps, groups, registry
 from lambdas.core.errors import Conflict, NotFound, Unavailable
 from lambdas.core.ids import is_uuid, keyed_ids, new_id, new_ids
 from skyfn.protocol.api import SubmitTasks, TaskInfo, TaskStatus
+from skyfn.protocol.blobs import HEADER as BLOB_HEADER
 from skyfn.protocol.messages import PACK_MAX_BYTES, PACK_MAX_TASKS
 from skyfn.protocol.states import FINAL_STATES, parse_events
 
@@ -60,6 +61,7 @@ def submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> t
 def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> dict[str, Any]:
     created = time.time()
     tasks = req.tasks
+    blobs.check_payloads(owner, tasks)  # S3 references must be the caller's own uploads
     functions = registry.function_bodies(owner, {t.function_id for t in tasks})
     bodies = {fid: body for fid, (body, _) in functions.items()}
     containers = {fid: container for fid, (_, container) in functions.items()}
@@ -140,6 +142,8 @@ def _packs(endpoint_id, indices, task_ids, tasks, bodies, containers, tags=None)
         tag = tags.get(t.function_id) if tags else None
         if tag:
             spec["tag"] = tag
+        if t.payload.startswith(BLOB_HEADER):  # in S3: the agent fetches it with a presigned URL
+            spec["payload_url"] = blobs.payload_url(t.payload)
         cost = len(t.payload) + 120 + (len(bodies[t.function_id]) if t.function_id not in fns else 0)
         if batch and (len(batch) >= PACK_MAX_TASKS or size + cost > PACK_MAX_BYTES):
             yield _pack(endpoint_id, batch, fns)
@@ -153,13 +157,19 @@ def _packs(endpoint_id, indices, task_ids, tasks, bodies, containers, tags=None)
 
 
 def _pack(endpoint_id: str, tasks: list[dict[str, Any]], fns: dict[str, str]) -> bytes:
-    return orjson.dumps({"pack_id": new_id(), "endpoint_id": endpoint_id, "functions": fns, "tasks": tasks})
+    pack = {"pack_id": new_id(), "endpoint_id": endpoint_id, "functions": fns, "tasks": tasks}
+    upload = blobs.result_upload(endpoint_id)  # where the agent puts results too large to travel inline
+    if upload:
+        pack["result_upload"] = upload
+    return orjson.dumps(pack)
 
 
 def _status_dict(row) -> dict[str, Any]:
     d: dict[str, Any] = {"task_id": row.task_id, "state": row.state, "retries": row.retries}
     if row.result is not None:
         d["result"] = row.result
+        if row.result.startswith(BLOB_HEADER):
+            d["result_url"] = blobs.result_url(row.result)
     if row.error is not None:
         d["error"] = row.error
     if row.reason is not None:
@@ -245,7 +255,8 @@ def get(owner: str, task_id: str) -> TaskInfo:
                         submission_id=hist["submission_id"], owner=owner, created=float(hist["created"]))
     if rec["s"] in FINAL_STATES:
         store.status(owner, [task_id])  # marks it retrieved, so it is purged after the TTL
-    return TaskInfo(task_id=task_id, state=rec["s"], result=rec.get("res"), error=rec.get("err"),
+    return TaskInfo(task_id=task_id, state=rec["s"], result=rec.get("res"), result_url=blobs.result_url(rec.get("res")),
+                    error=rec.get("err"),
                     reason=rec.get("why"), stdout=rec.get("so"), stderr=rec.get("se"), retries=int(rec.get("r", 0)), events=parse_events(rec.get("ev")),
                     function_id=rec["f"], endpoint_id=rec["e"], submission_id=rec["sub"], owner=owner,
                     created=float(rec["c"]))

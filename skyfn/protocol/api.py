@@ -151,6 +151,8 @@ class TaskStatus(BaseModel):
     events: Optional[list[Event]] = None
     stdout: Optional[str] = Field(default=None, description="captured standard output (capped)")
     stderr: Optional[str] = Field(default=None, description="captured standard error (capped)")
+    result_url: Optional[str] = Field(default=None, description="a large result is in S3: presigned GET URL "
+                                                                "of the buffer (skyfn.protocol.blobs)")
 
 
 class StatusResponse(BaseModel):

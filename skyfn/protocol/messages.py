@@ -29,6 +29,8 @@ class TaskSpec(_Msg):
     walltime: Optional[float] = None
     resources: Optional[dict[str, int]] = Field(default=None, description="cores, gpus")
     tag: Optional[str] = Field(default=None, description="the function's tag (placement policies)")
+    payload_url: Optional[str] = Field(default=None, description="the payload is in S3 (skyfn.protocol.blobs): "
+                                                                 "a presigned GET URL for it")
 
 
 class TaskPack(_Msg):
@@ -36,6 +38,8 @@ class TaskPack(_Msg):
     endpoint_id: str
     functions: dict[str, str] = Field(default_factory=dict, description="function_id -> serialized body")
     tasks: list[TaskSpec]
+    result_upload: Optional[dict] = Field(default=None, description="presigned S3 POST for large results of "
+                                                                    "this endpoint (skyfn.protocol.blobs)")
 
 
 class TaskUpdate(_Msg):

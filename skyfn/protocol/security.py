@@ -6,6 +6,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from skyfn.protocol import blobs
 from skyfn.protocol.api import NAME_PATTERN, Event
 
 PRINCIPAL_PATTERN = r"^(user|team):[A-Za-z0-9_.@+=,-][A-Za-z0-9_.@+=,:-]{0,199}$"
@@ -62,6 +63,11 @@ class AgentCredential(BaseModel):
                                               "shown once")
 
 
+class CredentialRevoked(BaseModel):
+    endpoint_id: str
+    revoked: bool = Field(description="no credential of the endpoint works any more; its agent is cut off")
+
+
 class RendezvousTokenRequest(_Body):
     name: str = Field(pattern=RENDEZVOUS_NAME_PATTERN, description="your name for the group; the service "
                                                                    "prefixes it with your namespace")
@@ -86,3 +92,16 @@ class TaskAudit(BaseModel):
     reason: Optional[str] = None
     created: float
     events: list[Event]
+
+
+class CreateBlob(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    size: int = Field(ge=1, le=blobs.MAX_BLOB_BYTES, description="bytes to upload (the upload refuses more)")
+
+
+class BlobUpload(BaseModel):
+    key: str = Field(description="put it in the task: blob reference 'blob 1\\n<key>'")
+    url: str
+    fields: dict[str, str] = Field(description="form fields of the presigned POST, sent before the file")
+    max_bytes: int
+    expires: float

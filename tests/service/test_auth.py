@@ -205,7 +205,7 @@ def test_rotated_and_revoked_credentials_stop_at_once(api, other_api):
     status, body = Api(first).call("POST", f"/endpoints/{ep}/heartbeat", {"stats": {}})
     assert status == 401 and "not valid" in body["message"]
     assert Api(rotated["agent_credential"]).call("POST", f"/endpoints/{ep}/heartbeat", {"stats": {}})[0] == 200
-    assert api.call("DELETE", f"/endpoints/{ep}/credential")[0] == 204
+    assert api.call("DELETE", f"/endpoints/{ep}/credential")[0] == 200
     assert Api(rotated["agent_credential"]).call("POST", f"/endpoints/{ep}/heartbeat", {"stats": {}})[0] == 401
     forged = f"skyfn-agent.{ep}." + "A" * 43
     assert Api(forged).call("POST", f"/endpoints/{ep}/heartbeat", {"stats": {}})[0] == 401
