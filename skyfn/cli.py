@@ -8,6 +8,7 @@
     skyfn flow show FILE_OR_MODULE         print the flow's Amazon States Language
     skyfn rendezvous --host H --port P --secret S   run the communicator's rendezvous server
     skyfn policy check FILE [--tag T] [--state S]  validate an aAPP placement policy, explain decisions
+    skyfn login [--local | --issuer URL --client-id ID --service URL [--device]]   keep a token (0600)
 
 Implementations are imported inside the commands, so `import skyfn` (the SDK) never
 imports infra/, lambdas/ or moto. Errors are printed as one line; exit code 1.
@@ -221,6 +222,42 @@ def flow_show(target: str = typer.Argument(..., help="a .py file or a module def
     code, text = _run(action)
     typer.echo(text, err=code != 0)
     raise typer.Exit(code)
+
+
+# --- login (security; H9) ---------------------------------------------------------------
+@app.command("login")
+def login(
+    local: bool = typer.Option(False, "--local", help="a token of the embedded runtime (`skyfn local up`)"),
+    user: Optional[str] = typer.Option(None, "--user", help="with --local: the local user (default: you)"),
+    issuer: Optional[str] = typer.Option(None, "--issuer", envvar="SKYFN_AUTH_ISSUER",
+                                         help="OpenID Connect issuer URL (Cognito user pool, Globus Auth)"),
+    client_id: Optional[str] = typer.Option(None, "--client-id", envvar="SKYFN_CLIENT_ID",
+                                            help="the skyfn app's public client id at the issuer"),
+    service: Optional[str] = typer.Option(None, "--service", envvar="SKYFN_SERVICE_URL", help="the skyfn API URL"),
+    device: bool = typer.Option(False, "--device", help="device code flow (no browser on this machine)"),
+    refresh_only: bool = typer.Option(False, "--refresh", help="trade the kept refresh token for a new token"),
+    scopes: str = typer.Option("openid", "--scopes", help="scopes to ask for"),
+    home: Optional[str] = HomeOption,
+) -> None:
+    """Sign in and keep the token in $SKYFN_HOME/config.json (mode 0600)."""
+    def action():
+        from pathlib import Path
+
+        from skyfn import login as flows
+
+        where = Path(home) if home else None
+        if refresh_only:
+            return flows.refresh(where)
+        if local:
+            from infra.local.runtime import local_user
+
+            return flows.login_local(user or local_user(), home=where)
+        if not (issuer and client_id and service):
+            raise ValueError("give --local, or --issuer, --client-id and --service (or their environment variables)")
+        return flows.login_oidc(issuer, client_id, service, device=device, scopes=scopes,
+                                echo=lambda m: typer.echo(m, err=True), home=where)
+    path = _run(action)
+    typer.echo(f"logged in; token kept in {path}")
 
 
 def main() -> None:

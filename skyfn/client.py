@@ -409,6 +409,27 @@ class Client:
         """An endpoint group with its members' live figures (status, capacity, backlog, tags)."""
         return self._http.get(f"/endpoint-groups/{quote(group_id, safe='')}")
 
+    # -- security: identity, shares, rendezvous tokens, audit (docs/security.md) -----------
+    def whoami(self) -> str:
+        """Your user id: what others share with, as ``user:<id>``."""
+        return self._http.get("/whoami")["user"]
+
+    def share(self, kind: str, object_id: str, principal: str, role: str = "run") -> dict:
+        """Share a function, endpoint or endpoint group (kind: "functions", "endpoints",
+        "endpoint-groups") with ``user:<id>`` or ``team:<id>``, role "run" or "manage"."""
+        return self._http.post(f"/shares/{kind}/{quote(object_id, safe='')}", {"principal": principal, "role": role})
+
+    def unshare(self, kind: str, object_id: str, principal: str) -> dict:
+        return self._http.delete(f"/shares/{kind}/{quote(object_id, safe='')}/{quote(principal, safe=':')}")
+
+    def rendezvous_token(self, name: str, ttl_seconds: int = 3600) -> dict:
+        """A token for your rendezvous group `name`: {group, token, expires, address}."""
+        return self._http.post("/rendezvous/tokens", {"name": name, "ttl_seconds": ttl_seconds})
+
+    def task_audit(self, task_id: str) -> dict:
+        """Who submitted the task, where it ran, and every state change with its time."""
+        return self._http.get(f"/tasks/{quote(task_id, safe='')}/audit")
+
 
 def _looks_like_id(text: str) -> bool:
     try:

@@ -182,3 +182,33 @@ def _payload(x):
     from skyfn.protocol import pack_args
 
     return pack_args((x,), {})
+
+
+def test_sdk_shares_audit_and_local_login(home, client):
+    """Last in this module: `skyfn login --local --user bob` replaces the client config."""
+    import subprocess
+    import sys
+
+    from skyfn import Client
+
+    ep = client.endpoint_id("local")
+    fid = client.register_function(double)
+    tid = client.run(fid, 4, endpoint_id=ep)
+    assert client.get_result(tid, timeout=60) == 8
+    audit = client.task_audit(tid)
+    assert audit["submitter"] == client.whoami() and audit["endpoint_id"] == ep
+    assert [e[0] for e in audit["events"]][:2] == ["CREATED", "QUEUED"] and audit["state"] == "SUCCEEDED"
+    assert client.share("endpoints", ep, "user:bob")["shares"] == {"user:bob": "run"}
+    client.share("functions", fid, "user:bob")
+    r = subprocess.run([sys.executable, "-m", "skyfn.cli", "login", "--local", "--user", "bob", "--home", str(home)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    config = home / "config.json"
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+    with Client() as bob:
+        assert bob.whoami() == "bob"
+        assert bob.get_result(bob.run(fid, 5, endpoint_id=ep), timeout=60) == 10
+    client.unshare("endpoints", ep, "user:bob")
+    with Client() as bob:
+        with pytest.raises(Exception, match="not found"):
+            bob.run(fid, 5, endpoint_id=ep)
