@@ -93,6 +93,10 @@ std::unique_ptr<Communicator> Communicator::join(const JoinOptions& opts) {
     if (r != ctl->rank())
       results += "RESULT " + std::to_string(r) + (links[static_cast<size_t>(r)].relay ? " relay\n" : " direct\n");
   ctl->send_quiet(results);
+  // Bootstrap barrier: join returns only when every rank has all its channels, so a rank
+  // that failed to connect makes the others' join fail (peer_lost) instead of their first
+  // collective hanging.
+  ctl->barrier(0, net::deadline_after(opts.timeout_s));
   auto eng = std::make_shared<Engine>(ctl->rank(), ctl->size(), std::move(links), opts);
   return std::make_unique<CommunicatorImpl>(std::move(ctl), std::move(eng));
 }

@@ -40,6 +40,7 @@ void raise_server_error(const std::string& line, const std::string& context) {
   if (code == "bad_token" || code == "expired_token") throw AuthError(msg);
   if (code == "timeout") throw TimeoutError(msg);
   if (code == "busy") throw ServerBusy(msg);
+  if (code == "peer_lost") throw PeerLostError(msg);
   throw CommError(msg);
 }
 
@@ -104,6 +105,15 @@ void ControlConnection::wait_peers(net::TimePoint deadline) {
       throw CommError("PEER line with an address that is not IPv4: '" + line.substr(0, 200) + "'");
     p.addr.sin_port = htons(static_cast<uint16_t>(port));
   }
+}
+
+void ControlConnection::barrier(long epoch, net::TimePoint deadline) {
+  std::string msg = "BARRIER " + std::to_string(epoch) + "\n";
+  net::write_all_until(fd_.get(), msg.data(), msg.size(), deadline, "the rendezvous server");
+  std::string line = read_line(deadline, "every rank to finish joining (BARRIER_OK " + std::to_string(epoch) + ")");
+  if (line.rfind("ERROR ", 0) == 0) raise_server_error(line, "the bootstrap barrier");
+  if (line != "BARRIER_OK " + std::to_string(epoch))
+    throw CommError("unexpected answer to BARRIER from the rendezvous server: '" + line.substr(0, 200) + "'");
 }
 
 void ControlConnection::send_quiet(const std::string& line) {

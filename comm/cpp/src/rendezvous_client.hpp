@@ -1,5 +1,5 @@
 // Client side of the rendezvous protocol (docs/comm.md): the control connection (JOIN,
-// WELCOME, PEERS, RESULT, BYE) and the text part of a RELAY connection.
+// WELCOME, PEERS, BARRIER, RESULT, BYE) and the text part of a RELAY connection.
 #pragma once
 
 #include <netinet/in.h>
@@ -38,6 +38,8 @@ class ControlConnection {
   void join(const JoinOptions& o, bool listen, net::TimePoint deadline);
   // Blocks until PEERS and the n PEER lines arrived.
   void wait_peers(net::TimePoint deadline);
+  // BARRIER <epoch> / BARRIER_OK <epoch>: every rank of the group reached this point.
+  void barrier(long epoch, net::TimePoint deadline);
   // Best-effort lines (RESULT, BYE): never throw.
   void send_quiet(const std::string& line);
   void close_quiet();

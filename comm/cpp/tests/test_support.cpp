@@ -2,6 +2,7 @@
 #include "test_support.hpp"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,6 +30,7 @@ RendezvousProcess::RendezvousProcess(const std::string& secret, double join_time
   pid_ = fork();
   if (pid_ < 0) throw std::runtime_error("fork failed");
   if (pid_ == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);  // never outlive a crashed test binary
     if (chdir(SKYFN_REPO_ROOT) != 0) _exit(127);
     std::vector<std::string> args = {SKYFN_PYTHON, "-m", "rendezvous", "--host", "127.0.0.1", "--port", "0",
                                      "--secret", secret, "--join-timeout", jt, "--log-level", "warning",

@@ -576,13 +576,18 @@ TEST_F(Transport, RawPeerSpeaksTheWireProtocol) {
   auto o = opts(unique_group("raw"), 2);
   o.punch_timeout_s = 10;  // rank 0 must choose our direct channel, not the relay
   std::string got_in_rank0;
+  std::string rank0_error;
   std::thread rank0([&] {
-    JoinOptions r0 = o;
-    r0.rank = 0;
-    auto c = Communicator::join(r0);
-    got_in_rank0 = as_string(c->recv(1, 5));
-    c->send("ok", 2, 1, 6);
-    c->close();
+    try {
+      JoinOptions r0 = o;
+      r0.rank = 0;
+      auto c = Communicator::join(r0);
+      got_in_rank0 = as_string(c->recv(1, 5));
+      c->send("ok", 2, 1, 6);
+      c->close();
+    } catch (const std::exception& e) {
+      rank0_error = e.what();
+    }
   });
   sockaddr_in srv{};
   srv.sin_family = AF_INET;
@@ -631,6 +636,10 @@ TEST_F(Transport, RawPeerSpeaksTheWireProtocol) {
   ASSERT_TRUE(raw_read(ch, sel, 16));
   EXPECT_EQ(get_u32(sel), 3u) << "the lower rank selects the channel";
 
+  // The bootstrap barrier ends the join of every rank.
+  ASSERT_EQ(::send(ctl, "BARRIER 0\n", 10, 0), 10);
+  EXPECT_EQ(raw_line(ctl), "BARRIER_OK 0");
+
   uint8_t frame[19] = {0};
   put_u32(frame, 0);
   put_u32(frame + 4, 5);
@@ -658,6 +667,7 @@ TEST_F(Transport, RawPeerSpeaksTheWireProtocol) {
     }
   }
   rank0.join();
+  EXPECT_EQ(rank0_error, "");
   EXPECT_TRUE(got_data);
   EXPECT_TRUE(got_bye);
   EXPECT_EQ(got_in_rank0, "raw");
@@ -710,4 +720,56 @@ TEST(TransportBusy, BusyServerIsRetriedUntilItHasRoom) {
   a0->close();
   a1->close();
   b0->close();
+}
+
+// A rank that leaves during the join (its control connection closes before the bootstrap
+// barrier) makes the others' join fail with PeerLostError instead of returning a group
+// whose first collective would hang.
+TEST_F(Transport, RankLeavingDuringJoinFailsTheOthersJoin) {
+  auto o = opts(unique_group("leave"), 2);
+  o.punch_timeout_s = 10;
+  std::string rank0_error;
+  std::thread rank0([&] {
+    try {
+      JoinOptions r0 = o;
+      r0.rank = 0;
+      Communicator::join(r0);
+    } catch (const PeerLostError& e) {
+      rank0_error = e.what();
+    } catch (const std::exception& e) {
+      rank0_error = std::string("wrong exception type: ") + e.what();
+    }
+  });
+  sockaddr_in srv{};
+  srv.sin_family = AF_INET;
+  srv.sin_port = htons(static_cast<uint16_t>(g_srv->port()));
+  srv.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  int ctl = raw_connect(srv);
+  ASSERT_GE(ctl, 0);
+  std::string join = "JOIN " + o.group + " " + o.token + " 2 1\n";
+  ASSERT_EQ(::send(ctl, join.data(), join.size(), 0), static_cast<ssize_t>(join.size()));
+  EXPECT_EQ(raw_line(ctl), "WELCOME 1 2");
+  EXPECT_EQ(raw_line(ctl), "PEERS 2");
+  sockaddr_in rank0_addr{};
+  for (int i = 0; i < 2; ++i) {
+    std::istringstream in(raw_line(ctl));
+    std::string word, ip;
+    int r = -1, port = 0;
+    in >> word >> r >> ip >> port;
+    if (r == 0) {
+      rank0_addr.sin_family = AF_INET;
+      rank0_addr.sin_port = htons(static_cast<uint16_t>(port));
+      inet_pton(AF_INET, ip.c_str(), &rank0_addr.sin_addr);
+    }
+  }
+  int ch = raw_connect(rank0_addr);
+  ASSERT_GE(ch, 0);
+  auto h = hello(1, 0);
+  ASSERT_EQ(::send(ch, h.data(), h.size(), 0), 16);
+  uint8_t buf[32];
+  ASSERT_TRUE(raw_read(ch, buf, 32));  // rank 0's HELLO and SELECT: its channels are complete
+  ::close(ctl);                        // ... and this rank leaves before the barrier
+  rank0.join();
+  EXPECT_NE(rank0_error.find("peer_lost"), std::string::npos) << rank0_error;
+  ::close(ch);
 }
