@@ -162,7 +162,7 @@ def register_endpoint(body: Annotated[RegisterEndpoint, Body()]):
     # the endpoint's own credential for its agent (rotated now) and queues it reaches
     credential = agent_keys.issue(info.endpoint_id)
     out = EndpointRegistered(**info.model_dump(), **agent_keys.descriptors(info.endpoint_id, credential),
-                             agent_credential=credential)
+                             agent_credential=credential if agent_keys.usable_at_api() else None)
     return _json(201 if created else 200, out.model_dump(exclude_none=True))
 
 

@@ -164,13 +164,17 @@ def revoke_credential(endpoint_id: IdPath):
 
 @router.post("/endpoints/<endpoint_id>/connect", responses={**_ok(200, EndpointRegistered), **_errors(403, 404, 422)})
 def connect(endpoint_id: IdPath):
-    """An agent with its endpoint's credential learns its queues (no user token needed)."""
+    """An agent learns its queues (and, on SQS, fresh session credentials): with its
+    endpoint's credential, no user token needed, or with a token of a user who manages it."""
     from lambdas.core import registry
 
     ident = _identity()
-    if ident.endpoint_id != endpoint_id:
-        raise Forbidden("connect takes the endpoint's own credential (skyfn-agent.<endpoint id>.<secret>)")
     owner = owner_of("endpoint", endpoint_id)
+    if ident.is_agent:
+        if ident.endpoint_id != endpoint_id:
+            raise Forbidden(f"this endpoint credential is not endpoint {endpoint_id}'s")
+    else:  # an agent running with its owner's (or a manager's) token: behind API Gateway's authorizer
+        access.require("endpoint", endpoint_id, owner, _user(), "manage", f"endpoint {endpoint_id}")
     if owner is None:
         raise NotFound(f"endpoint {endpoint_id} not found")
     info = registry.endpoint_info(owner, endpoint_id)

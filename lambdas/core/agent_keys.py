@@ -156,3 +156,11 @@ def sqs_session(endpoint_id: str) -> Optional[dict]:
 
     return assume_agent_role(boto3.client("sts"), role_arn, prefix, endpoint_id)
 
+
+def usable_at_api() -> bool:
+    """Whether agents can present the credential to the API: not behind API Gateway's user
+    authorizer (Cognito, Globus), which refuses anything but the issuer's tokens. There the
+    agent keeps its owner's token for the API and gets SQS session credentials instead."""
+    from lambdas.auth import GATEWAY_PROVIDERS
+
+    return settings().auth_provider not in GATEWAY_PROVIDERS

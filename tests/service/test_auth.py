@@ -227,3 +227,17 @@ def test_rate_limit_is_per_user_and_says_when_to_retry(api, other_api, monkeypat
     retry_after = (refused.get("headers") or {}).get("Retry-After") or refused["multiValueHeaders"]["Retry-After"][0]
     assert int(retry_after) >= 1
     assert other_api.call("GET", "/whoami")[0] == 200  # mallory has her own bucket
+
+
+def test_behind_api_gateway_agents_keep_their_owners_token(service_env, monkeypatch):
+    """API Gateway's user authorizer refuses endpoint credentials: none is handed out there,
+    and connect (fresh queue credentials) answers the owner's identity instead."""
+    monkeypatch.setenv("SKYFN_AUTH_PROVIDER", "cognito")
+    deps.reset()
+    owner = {"claims": {"sub": "owner-sub"}}
+    status, reg = _gateway_call("POST", "/endpoints", owner, {"name": "hpc"})
+    assert status == 201 and "agent_credential" not in reg
+    status, conn = _gateway_call("POST", f"/endpoints/{reg['endpoint_id']}/connect", owner)
+    assert status == 200 and conn["endpoint_id"] == reg["endpoint_id"]
+    status, _ = _gateway_call("POST", f"/endpoints/{reg['endpoint_id']}/connect", {"claims": {"sub": "stranger"}})
+    assert status == 404
