@@ -27,8 +27,8 @@ class Settings:
     auth_audience: str = "skyfn"
     auth_jwks: str = ""              # inline JWKS document
     auth_jwks_file: str = ""         # path of a JWKS document (the embedded runtime's public key)
-    rate_per_second: float = 200.0   # requests per user, sustained (token bucket in Redis)
-    rate_burst: float = 400.0
+    rate_per_second: float = 1000.0  # requests per user, sustained (token bucket in Redis)
+    rate_burst: float = 2000.0
     inline_bytes: int = 256 << 10    # arguments/results above this travel through S3
     bucket: str = ""
 
@@ -84,8 +84,8 @@ def settings() -> Settings:
         auth_audience=os.environ.get("SKYFN_AUTH_AUDIENCE", "skyfn"),
         auth_jwks=os.environ.get("SKYFN_AUTH_JWKS", ""),
         auth_jwks_file=os.environ.get("SKYFN_AUTH_JWKS_FILE", ""),
-        rate_per_second=_float("SKYFN_RATE_PER_SECOND", 200.0),
-        rate_burst=_float("SKYFN_RATE_BURST", 400.0),
+        rate_per_second=_float("SKYFN_RATE_PER_SECOND", 1000.0),
+        rate_burst=_float("SKYFN_RATE_BURST", 2000.0),
         inline_bytes=int(_float("SKYFN_INLINE_BYTES", 256 << 10)),
         bucket=os.environ.get("SKYFN_BUCKET", ""),
     )
