@@ -207,6 +207,10 @@ def place(owner: str, group_id: str, tags: list[Optional[str]],
     rec = _record(owner, group_id)
     policy = _policy(rec["policy"])
     state, _ = live_state(rec["members"])
+    for m in rec["members"]:  # a member shared with the group's owner and since revoked takes nothing
+        ep = registry._endpoint_record(m["endpoint_id"])
+        if ep is None or not access.allows("endpoint", m["endpoint_id"], ep["o"], rec["owner"]):
+            state.upsert(m["name"], online=False)
     by_name = {m["name"]: m["endpoint_id"] for m in rec["members"]}
     scheduler = Scheduler(policy, state)
     r = deps.redis_client()

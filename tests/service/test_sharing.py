@@ -186,3 +186,20 @@ def test_task_audit_names_submitter_endpoint_and_every_state(world, api):
     deps.redis_client().delete(f"t:{tid}")
     status, durable = api.call("GET", f"/tasks/{tid}/audit")
     assert status == 200 and durable["events"] == audit["events"] and durable["submitter"] == "alice"
+
+
+def test_a_group_built_on_a_shared_endpoint_stops_using_it_once_revoked(world, api, bob):
+    """bob groups alice's endpoint (shared with him) with one of his own; after alice revokes,
+    bob's group no longer places anything on her endpoint."""
+    api.call("POST", f"/shares/endpoints/{world['ep']}", {"principal": "user:bob", "role": "run"})
+    _, fn = bob.call("POST", "/functions", {"function": serialize_function(inc)})
+    _, own = bob.call("POST", "/endpoints", {"name": "bobs"})
+    policy = "default:\n  - workers: [alices]\n    strategy: any\n  - workers: [bobs]\n    strategy: any\n"
+    status, grp = bob.call("POST", "/endpoint-groups", {"name": "mixed", "policy": policy, "members": [
+        {"endpoint_id": world["ep"], "name": "alices"}, {"endpoint_id": own["endpoint_id"], "name": "bobs"}]})
+    assert status == 201
+    _, sub = submit(bob, fn["function_id"], group=grp["group_id"])
+    assert bob.call("GET", f"/tasks/{sub['task_ids'][0]}")[1]["endpoint_id"] == world["ep"]
+    api.call("DELETE", f"/shares/endpoints/{world['ep']}/user:bob")
+    _, sub = submit(bob, fn["function_id"], group=grp["group_id"])
+    assert bob.call("GET", f"/tasks/{sub['task_ids'][0]}")[1]["endpoint_id"] == own["endpoint_id"]
