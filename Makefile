@@ -127,3 +127,10 @@ bench-placement-sites: install
 .PHONY: chaos
 chaos: install
 	$(PY) -m tests.e2e.chaos --tasks 20000 --clients 4 --pace 200 --interval 2 8 --json
+
+# Security (H9): authentication, sharing, endpoint credentials, limits, S3 offload, no
+# secret in any log (docs/security.md, "What each security test proves").
+.PHONY: test-security
+test-security: install
+	$(PY) -m pytest -q tests/service/test_auth.py tests/service/test_auth_agent.py tests/service/test_sharing.py \
+		tests/service/test_limits.py tests/sdk/test_login.py tests/e2e/test_security.py tests/e2e/test_large_data.py
