@@ -21,6 +21,8 @@ constexpr size_t kMaxIo = size_t(1) << 30;  // per syscall; Linux caps one call 
 // Channel sockets are blocking (every call but the blocking-receive shortcut passes
 // MSG_DONTWAIT); a blocking recv() gives up after this slice so deadlines are checked.
 constexpr int kRecvSliceMs = 100;
+// Messages up to this size are copied behind their header and written with one send().
+constexpr size_t kSmallSend = 1024;
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(net::Clock::now().time_since_epoch()).count();
@@ -144,7 +146,27 @@ SendOpPtr Engine::start_send(Channel& c, const void* data, size_t len, int tag) 
   size_t sent = 0;
   uint8_t hdr[wire::kHeaderSize];
   wire::encode_header(h, hdr);
-  if (c.sendq.empty()) {
+  if (c.sendq.empty() && len <= kSmallSend) {
+    // Small message: one contiguous send() (cheaper than building a msghdr).
+    uint8_t frame[wire::kHeaderSize + kSmallSend];
+    std::memcpy(frame, hdr, wire::kHeaderSize);
+    if (len) std::memcpy(frame + wire::kHeaderSize, data, len);
+    ssize_t w;
+    do {
+      w = ::send(c.fd.get(), frame, wire::kHeaderSize + len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    } while (w < 0 && errno == EINTR);
+    if (w > 0) {
+      sent = static_cast<size_t>(w);
+      c.bytes_sent.fetch_add(static_cast<uint64_t>(w), std::memory_order_relaxed);
+      c.last_send_ns.store(now_ns(), std::memory_order_relaxed);
+      if (sent == wire::kHeaderSize + len) return nullptr;
+    } else if (!(w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))) {
+      mark_down_locked(c, ChannelState::Lost, "sending failed (" + net::errno_text(errno) + ")");
+      lk.unlock();
+      raise_lost(c);
+    }
+    // Partial or no write: the rest goes through the send queue below.
+  } else if (c.sendq.empty()) {
     // Fast path: write header and payload from the caller's buffer right now.
     for (;;) {
       iovec iov[2];
