@@ -1,6 +1,6 @@
 """One communicator rank for the NAT tests, run inside a peer namespace.
 
-    python -m tests.comm.nat_peer RENDEZVOUS GROUP SIZE RANK|-1 NBYTES
+    python -m tests.comm.nat_peer RENDEZVOUS GROUP SIZE RANK|-1 NBYTES [KEEPALIVE_S TIMEOUT_S]
 
 Token from $SKYFN_TEST_TOKEN. Protocol with the test, one JSON line per phase on stdout:
 
@@ -62,9 +62,10 @@ def _collectives(c) -> dict:
 
 def main(argv: list[str]) -> int:
     rendezvous, group, size, rank, nbytes = argv[0], argv[1], int(argv[2]), int(argv[3]), int(argv[4])
+    keepalive, timeout = (float(argv[5]), float(argv[6])) if len(argv) > 6 else (15.0, 30.0)
     try:
         c = Communicator.join(group, rendezvous=rendezvous, token=os.environ["SKYFN_TEST_TOKEN"], size=size,
-                              rank=None if rank < 0 else rank, timeout=30.0)
+                              rank=None if rank < 0 else rank, timeout=timeout, keepalive=keepalive)
         sent, received = _exchange(c, nbytes, tag=1)
         print(json.dumps({"phase": "joined", "rank": c.rank, "size": c.size, "stats": _stats(c),
                           "sent": sent, "received": received, **_collectives(c)}), flush=True)

@@ -202,6 +202,9 @@ class NatTopology:
         # (and ports explicitly forwarded, see forward_port). Everything else is dropped
         # without a reset, to the router itself as well.
         _sh(ipt + ["-P", "FORWARD", "DROP"])
+        # Packets conntrack cannot place (e.g. mid-stream after the mapping expired) are
+        # dropped, never forwarded un-NATed with their private source address.
+        _sh(ipt + ["-A", "FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"])
         _sh(ipt + ["-A", "FORWARD", "-i", "priv", "-o", "pub", "-j", "ACCEPT"])
         _sh(ipt + ["-A", "FORWARD", "-i", "pub", "-o", "priv", "-m", "conntrack",
                    "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"])
@@ -279,6 +282,14 @@ class NatTopology:
                    "-j", "DNAT", "--to-destination", f"{site.private_ip}:{port}"])
         _sh(ipt + ["-I", "FORWARD", "1", "-i", "pub", "-o", "priv", "-p", proto, "-d", site.private_ip,
                    "--dport", str(port), "-m", "conntrack", "--ctstate", "DNAT", "-j", "ACCEPT"])
+
+    def set_idle_timeout(self, site: Site, seconds: int) -> None:
+        """Make `site`'s router forget an idle TCP mapping after `seconds` (consumer
+        routers do this after minutes), strictly: a packet of a forgotten connection is
+        not picked up again (nf_conntrack_tcp_loose=0) but dropped, so only traffic at
+        least every `seconds` (keep-alives) keeps a connection through this NAT alive."""
+        self.sysctl(site.router_ns, "net.netfilter.nf_conntrack_tcp_timeout_established", str(int(seconds)))
+        self.sysctl(site.router_ns, "net.netfilter.nf_conntrack_tcp_loose", "0")
 
     def conntrack(self, site: Site) -> str:
         """The router's connection-tracking table (what its NAT did), for diagnostics."""

@@ -6,9 +6,12 @@ own MASQUERADE router, the rendezvous server in the public namespace (tests/comm
   server is killed;
 - behind symmetric NATs (--random-fully) punching cannot work: the pair falls back to the
   relay and the program still gets every byte (sha256 of what was sent vs received);
-- in a group where one peer is behind a symmetric NAT, the choice is made per pair.
+- in a group where one peer is behind a symmetric NAT, the choice is made per pair;
+- keep-alive pings hold an idle channel open through routers that forget idle mappings.
 """
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -126,3 +129,38 @@ def test_mixed_group_chooses_direct_or_relay_per_pair(make_topology):
                     assert st["mode"] == "direct", (i, j, st)
                     assert st["address"].rsplit(":", 1)[0] == site_of[j].public_ip
         _check_bytes_and_collectives(4, by_rank)
+
+
+@pytest.mark.parametrize("keepalive, survives", [(1.0, True), (60.0, False)], ids=["pings", "no-pings"])
+def test_keepalive_pings_keep_an_idle_channel_through_nats_that_forget(make_topology, keepalive, survives):
+    """Routers that forget a mapping idle for 3 s (and drop what comes after): an idle
+    punched channel survives 8 s of silence only because of the keep-alive pings. The
+    no-pings case shows the routers really forget (the exchange then times out)."""
+    topo = make_topology(2)
+    for s in topo.sites:
+        topo.set_idle_timeout(s, 3)
+    rdv = start_rendezvous(topo, SECRET, PORT)
+    group = f"ka.{topo.run_id}"
+    readers = spawn_ranks(topo, topo.sites, "tests.comm.nat_peer",
+                          lambda s: [f"{topo.public_ip}:{PORT}", group, 2, s.index, 64 << 10, keepalive, 8.0],
+                          {"SKYFN_TEST_TOKEN": make_token(SECRET, group)})
+    joined = [r.json(PHASE_TIMEOUT) for r in readers]
+    for j in joined:
+        assert j["phase"] == "joined", j.get("trace") or j
+        assert j["stats"][str(1 - j["rank"])]["mode"] == "direct"
+    rdv.kill()
+    rdv.wait(10)
+    time.sleep(8.0)  # idle well past the routers' 3 s mapping lifetime
+    mapped = topo.sites[1].public_ip in topo.conntrack(topo.sites[0])
+    tell_all(readers)
+    after = [r.json(PHASE_TIMEOUT) for r in readers]
+    if survives:
+        assert mapped, "router 0 forgot the mapping despite the pings"
+        for a in after:
+            assert a["phase"] == "after", a.get("trace") or a
+        _check_bytes_and_collectives(2, {a["rank"]: a for a in after})
+    else:
+        assert not mapped, "router 0 kept an idle mapping: the NAT timeout is not in effect"
+        for a in after:
+            assert a["phase"] == "error"
+            assert "TimeoutError" in a["error"] or "unreachable" in a["error"], a["error"]
