@@ -133,4 +133,5 @@ chaos: install
 .PHONY: test-security
 test-security: install
 	$(PY) -m pytest -q tests/service/test_auth.py tests/service/test_auth_agent.py tests/service/test_sharing.py \
+		tests/service/test_rendezvous_tokens.py \
 		tests/service/test_limits.py tests/sdk/test_login.py tests/e2e/test_security.py tests/e2e/test_large_data.py
