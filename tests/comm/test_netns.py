@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
 import pytest
 
@@ -36,7 +37,7 @@ def _connect_outcome(topo: NatTopology, ns: str, ip: str, port: int) -> str:
             "except socket.timeout: print('timeout')\n"
             "except ConnectionRefusedError: print('refused')\n"
             "except OSError as e: print('error', e.errno)\n")
-    return topo.run(ns, [__import__("sys").executable, "-c", code]).stdout.strip()
+    return topo.run(ns, [sys.executable, "-c", code]).stdout.strip()
 
 
 def test_namespaces_and_addresses(make_topology):
