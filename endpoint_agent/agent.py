@@ -63,6 +63,7 @@ class Agent:
         self.outbox: Outbox | None = None
         self.link: ServiceLink | None = None
         self.heartbeater: Heartbeater | None = None
+        self._queues: list = []  # every queue opened, to hand a rotated credential to (Redis)
 
     # --- control ----------------------------------------------------------------
     def stop(self) -> None:
@@ -147,6 +148,7 @@ class Agent:
             if reg.agent_credential:  # from now on the agent speaks as its endpoint (credential.py)
                 credential.save(self.paths.credential, reg.agent_credential)
                 self.link.use_token(reg.agent_credential)
+                self.link.token_source = self._fresh_credential
         self.endpoint_id = reg.endpoint_id
         if reg.aws_credentials:  # SQS: the endpoint's own session, refreshed through connect
             endpoint_id, link = reg.endpoint_id, self.link
@@ -181,14 +183,28 @@ class Agent:
             self.link.close()
             self.link = None
             return None
+        self.link.token_source = self._fresh_credential
         log.info("connected as endpoint %s with its credential", reg.endpoint_id)
         return reg.model_copy(update={q: credential.complete(getattr(reg, q), cred)
                                       for q in ("task_queue", "results_queue", "control_queue")})
 
+    def _fresh_credential(self):
+        """The credential kept for the endpoint now (its owner may have put a rotated one
+        there): the service link uses it, and the Redis queues log in with it from now on."""
+        cred = credential.load(self.paths.credential)
+        if cred is not None:
+            secret = cred.rsplit(".", 1)[1]
+            for queue in self._queues:
+                if hasattr(queue, "set_password"):
+                    queue.set_password(secret)
+        return cred
+
     def _open(self, desc: QueueDescriptor):
         from skyfn.protocol.queues import open_queue
 
-        return open_queue(desc, consumer=self.consumer, visibility_timeout=self.config.lease_seconds)
+        queue = open_queue(desc, consumer=self.consumer, visibility_timeout=self.config.lease_seconds)
+        self._queues.append(queue)
+        return queue
 
     def _open_queues(self):
         """(poll, results, ack) queue handles, each with its own connection; retried with

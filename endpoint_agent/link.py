@@ -33,11 +33,19 @@ class ServiceLink:
         self.url = service_url.rstrip("/")
         self.timeout = timeout
         self.session = requests.Session()
+        self.token_source: Callable[[], str | None] | None = None  # re-read after a 401 (rotated credential)
         self.session.headers.update({"Authorization": f"Bearer {token}", "Content-Type": "application/json",
                                      "User-Agent": "skyfn-endpoint"})
 
     def _post(self, path: str, body: str) -> dict[str, Any]:
         resp = self.session.post(self.url + path, data=body, timeout=self.timeout)
+        if resp.status_code == 401 and self.token_source is not None:
+            # the credential was rotated: its owner may have handed the agent the new one
+            fresh = self.token_source()
+            if fresh and f"Bearer {fresh}" != self.session.headers.get("Authorization"):
+                log.info("the service refused the endpoint credential; using the one now kept for it")
+                self.use_token(fresh)
+                resp = self.session.post(self.url + path, data=body, timeout=self.timeout)
         if 400 <= resp.status_code < 500:
             try:
                 err = resp.json()

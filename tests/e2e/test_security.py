@@ -184,6 +184,30 @@ def _payload(x):
     return pack_args((x,), {})
 
 
+def test_a_rotated_credential_handed_to_the_agent_is_taken_up(home, client):
+    """The owner rotates the credential while the agent runs: heartbeats are refused until
+    the owner puts the new credential in the agent's file, then they resume."""
+    ep = client.endpoint_id("local")
+    fresh = client._http.post(f"/endpoints/{ep}/credential", {})["agent_credential"]
+
+    def last_beat():
+        return client.get_endpoint(ep)["last_heartbeat"]
+
+    time.sleep(2.5)  # heartbeats every second, all refused now
+    refused_since = last_beat()
+    time.sleep(1.5)
+    assert last_beat() == refused_since
+    from endpoint_agent.credential import save
+
+    save(home / "endpoints" / "local" / "credential", fresh)
+    deadline = time.monotonic() + 15
+    while last_beat() == refused_since:
+        assert time.monotonic() < deadline, "heartbeats did not resume with the new credential"
+        time.sleep(0.2)
+    fid = client.register_function(double)
+    assert client.get_result(client.run(fid, 3, endpoint_id=ep), timeout=60) == 6
+
+
 def test_sdk_shares_audit_and_local_login(home, client):
     """Last in this module: `skyfn login --local --user bob` replaces the client config."""
     import subprocess

@@ -272,6 +272,11 @@ class RedisStreamQueue(TaskQueue):
     def depth(self) -> int:
         return int(self._client.xlen(self.name))
 
+    def set_password(self, password: str) -> None:
+        """Log in with `password` from now on (new connections of the pool; open ones stay
+        logged in): an endpoint agent whose credential was rotated takes the new one up."""
+        self._client.connection_pool.connection_kwargs["password"] = password
+
     def close(self) -> None:
         if self._owns_client:
             self._client.close()
