@@ -222,6 +222,7 @@ def up(home=None, detach: bool = False, port: int | None = None, aws_endpoint: s
             started.servers.append(moto)
             write_pidfile(state.pidfile("moto"), moto.pid)
             moto_port, aws_url = moto.port, moto.url
+            _load_aws_state(state, aws_url, echo)
         gateway_port = _pick_port(port, record.get("gateway_port"), "service")
         url = f"http://127.0.0.1:{gateway_port}"
         state.write_runtime({
@@ -282,6 +283,35 @@ def _serve_foreground(started: _Started, echo: Callable[[str], None]) -> None:
         started.undo()
 
 
+# -- moto's state across restarts (infra/local/snapshot.py) -----------------------------
+
+def _snapshot_dir(state: StateDir) -> Path:
+    return state.workdir("moto") / "snapshot"
+
+
+def _load_aws_state(state: StateDir, aws_url: str, echo: Callable[[str], None]) -> None:
+    from infra.local import snapshot
+
+    counts = snapshot.load(aws_url, _snapshot_dir(state))
+    if counts["tables"]:
+        echo(f"restored {counts['items']} DynamoDB items and {counts['objects']} S3 objects saved by the last "
+             "`skyfn local down`")
+
+
+def _save_aws_state(state: StateDir, echo: Callable[[str], None]) -> None:
+    """DynamoDB and S3 live in moto's memory: save them before moto stops."""
+    from infra.local import snapshot
+
+    aws_url = state.read_runtime().get("aws_endpoint")
+    if not aws_url or state.read_runtime().get("moto_port") is None:
+        return
+    try:
+        snapshot.save(aws_url, _snapshot_dir(state))
+    except Exception as exc:  # noqa: BLE001 - stopping goes on; the previous snapshot stays whole
+        echo(f"warning: could not save moto's DynamoDB/S3 state ({type(exc).__name__}: {exc}); "
+             f"the registry and task history of this run are lost when moto stops")
+
+
 # -- down ------------------------------------------------------------------------------
 
 def down(home=None, timeout: float = 10.0, echo: Callable[[str], None] = print) -> list[str]:
@@ -292,6 +322,8 @@ def down(home=None, timeout: float = 10.0, echo: Callable[[str], None] = print) 
         stopped.append("agent")
     for name in ("service", "moto", "redis"):  # the service first: it still talks to the others
         proc = recorded_process(state.pidfile(name))
+        if name == "moto" and proc is not None:
+            _save_aws_state(state, echo)
         if proc is not None and proc.pid != os.getpid():
             terminate(proc, timeout)
             stopped.append(name)

@@ -195,7 +195,8 @@ def run(tasks: int = 20000, clients: int = 4, pace: float = 120.0, interval: tup
     (cfg / "config.yaml").write_text(yaml.safe_dump({
         "workers": workers, "lease_seconds": 6, "heartbeat_period": 1, "grace_period": 2,
         "manager_heartbeat_period": 0.5, "max_task_retries": 3, "log_level": "WARNING"}))
-    env = dict(os.environ, SKYFN_HOME=str(home), PYTHONPATH=str(REPO))
+    env = dict(os.environ, SKYFN_HOME=str(home),
+               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
     saved_home = os.environ.get("SKYFN_HOME")
     os.environ["SKYFN_HOME"] = str(home)  # Client() here reads this deployment's config
     procs: list = []
