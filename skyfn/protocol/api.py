@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, WithJsonSchema
 
 MAX_BATCH = 20_000          # tasks in one POST /tasks
 MAX_STATUS_IDS = 20_000     # ids in one POST /tasks/status
@@ -25,7 +25,8 @@ Event = Annotated[tuple[str, float], WithJsonSchema({
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: "1" is not a number and 0 is not a boolean (fuzzing found such bodies accepted)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     def __repr__(self) -> str:
         # Batches hold thousands of items: a full repr would cost more than the request.
@@ -136,7 +137,7 @@ class Submitted(BaseModel):
 class StatusRequest(_Body):
     task_ids: list[str] = Field(min_length=1, max_length=MAX_STATUS_IDS)
     wait: float = Field(default=0.0, ge=0.0, le=MAX_WAIT_SECONDS, description="long-poll until one is final")
-    include_events: bool = False
+    include_events: StrictBool = False  # 0/1 are not booleans: the schema says boolean
     cursor: Optional[str] = Field(default=None, pattern=r"^[0-9]{1,20}-[0-9]{1,20}$",
                                   description="from the previous answer: only tasks finished since then are returned")
 
