@@ -26,6 +26,7 @@ from typing import Any, Iterable
 import orjson
 import redis
 
+from skyfn.protocol.queues.redis_streams import SOCKET_TIMEOUT_S
 from skyfn.protocol.states import parse_events
 
 _CREATE = """
@@ -235,7 +236,8 @@ class TaskStore:
 
     @classmethod
     def from_url(cls, url: str, **kw: Any) -> "TaskStore":
-        return cls(redis.Redis.from_url(url, socket_keepalive=True, health_check_interval=30), **kw)
+        return cls(redis.Redis.from_url(url, socket_keepalive=True, health_check_interval=30,
+                                        socket_timeout=SOCKET_TIMEOUT_S), **kw)
 
     # --- submission -------------------------------------------------------------
     def create(self, owner: str, submission_id: str, rows: list[list[Any]], created: float, queued: float) -> int:

@@ -12,12 +12,14 @@ from lambdas.adapters.redis_store import TaskStore
 from lambdas.config import settings
 from skyfn.protocol.api import QueueDescriptor
 from skyfn.protocol.queues import TaskQueue, open_queue
+from skyfn.protocol.queues.redis_streams import SOCKET_TIMEOUT_S
 
 
 @functools.lru_cache(maxsize=1)
 def redis_client() -> redis.Redis:
+    # the status long-poll and the queues block on these connections: SOCKET_TIMEOUT_S says why
     return redis.Redis.from_url(settings().redis_url, socket_keepalive=True, health_check_interval=30,
-                                retry_on_timeout=True, max_connections=256)
+                                socket_timeout=SOCKET_TIMEOUT_S, retry_on_timeout=True, max_connections=256)
 
 
 @functools.lru_cache(maxsize=1)

@@ -260,3 +260,15 @@ def test_status_long_poll_without_cursor_answers_every_id(api, fn_id, ep_id):
     threading.Timer(0.2, apply_pack, args=(pack,)).start()
     status, st = api.call("POST", "/tasks/status", {"task_ids": [a, b], "wait": 5})
     assert status == 200 and st["tasks"][a]["state"] == "SUCCEEDED" and st["tasks"][b]["state"] == "QUEUED"
+
+
+def test_status_long_poll_longer_than_redis_pys_default_socket_timeout(api, fn_id, ep_id):
+    """A long poll on a task nobody runs blocks on Redis in 5 s steps (redis-py 8's default
+    socket timeout is also 5 s): it must answer 200 with the task still QUEUED, not a 5xx."""
+    _, body = api.call("POST", "/tasks", {"endpoint_id": ep_id, "tasks": [{"function_id": fn_id,
+                                                                          "payload": pack_args((1,), {})}]})
+    tid = body["task_ids"][0]
+    t0 = time.monotonic()
+    status, st = api.call("POST", "/tasks/status", {"task_ids": [tid], "wait": 11})
+    assert status == 200 and st["tasks"][tid]["state"] == "QUEUED"
+    assert time.monotonic() - t0 >= 10.5

@@ -94,6 +94,19 @@ def test_long_poll_returns_when_a_message_arrives(make_queue):
     assert 0.4 <= elapsed < 4
 
 
+def test_redis_long_poll_longer_than_redis_pys_default_socket_timeout(redis_url, unique):
+    """redis-py 8 times a socket out after 5 s by default: a long poll of 7 s on a quiet
+    queue must come back empty, not raise a TimeoutError half way."""
+    q = RedisStreamQueue(f"quiet-{unique}", url=redis_url)
+    q.ensure()
+    started = time.monotonic()
+    try:
+        assert q.receive(max_messages=10, wait_seconds=7) == []
+    finally:
+        q.close()
+    assert time.monotonic() - started >= 6.9
+
+
 def test_long_poll_returns_nothing_after_the_wait(make_queue):
     q = make_queue()
     started = time.monotonic()

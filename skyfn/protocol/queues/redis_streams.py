@@ -148,6 +148,12 @@ def _fields(flat: list) -> dict[str, Any]:
     return {_text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
 
 
+# redis-py 8 gives a connection a 5 s socket timeout unless told otherwise; long polls block
+# on the connection for up to 20 s (SQS's maximum wait), so every client that blocks must
+# wait longer than its longest block, or a quiet queue reads as a timeout error.
+SOCKET_TIMEOUT_S = 30.0
+
+
 class RedisStreamQueue(TaskQueue):
     """A task queue on a Redis stream and consumer group. See the module docstring.
 
@@ -167,7 +173,7 @@ class RedisStreamQueue(TaskQueue):
         _check_timeout(visibility_timeout)
         super().__init__(name, visibility_timeout, max_deliveries)
         self._owns_client = client is None
-        self._client = client if client is not None else redis.Redis.from_url(url)
+        self._client = client if client is not None else redis.Redis.from_url(url, socket_timeout=SOCKET_TIMEOUT_S)
         self.url = url
         self.consumer = consumer
         self.group = group
