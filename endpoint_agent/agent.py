@@ -212,6 +212,7 @@ class Agent:
         assert self.task_queue_desc is not None and self.results_queue_desc is not None
         delay = 0.5
         while True:
+            opened = len(self._queues)
             try:
                 poll_queue = self._open(self.task_queue_desc)
                 poll_queue.ensure()
@@ -222,9 +223,33 @@ class Agent:
                 raise
             except Exception as exc:  # noqa: BLE001 - e.g. redis not up yet
                 log.warning("cannot reach the queues (%s); retrying in %.1f s", exc, delay)
-            if self._stop.wait(delay):
-                raise InterruptedError("stopped while connecting to the queues")
+            for queue in self._queues[opened:]:
+                queue.close()
+            del self._queues[opened:]
+            if self._wait_or_new_credential(delay):
+                delay = 0.5
+                continue
             delay = min(30.0, delay * 2)
+
+    def _wait_or_new_credential(self, delay: float) -> bool:
+        """Wait `delay` before the next try, cut short (True) when the owner puts another
+        credential in the endpoint's file: a credential rotated while the agent started
+        is taken up at once, with no restart. Raises InterruptedError on stop."""
+        in_use = credential.load(self.paths.credential)
+        deadline = time.monotonic() + delay
+        while True:
+            if self._stop.wait(min(0.5, max(0.0, deadline - time.monotonic()))):
+                raise InterruptedError("stopped while connecting to the queues")
+            cred = credential.load(self.paths.credential)
+            if in_use is not None and cred is not None and cred != in_use:
+                log.info("the endpoint credential changed: logging in to the queues with it")
+                for attr in ("task_queue_desc", "results_queue_desc", "control_queue_desc"):
+                    desc = getattr(self, attr)
+                    if desc is not None:
+                        setattr(self, attr, credential.complete(desc, cred, replace=True))
+                return True
+            if time.monotonic() >= deadline:
+                return False
 
     def run(self) -> int:
         """Run until stopped; returns the exit code (0 after a graceful stop)."""

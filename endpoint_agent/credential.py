@@ -49,9 +49,10 @@ def endpoint_of(credential: str) -> str:
     return parsed[0]
 
 
-def complete(descriptor, credential: str):
-    """A queue descriptor whose URL names the endpoint's Redis user, with the secret put in."""
-    return descriptor.model_copy(update={"url": with_secret(descriptor.url, credential)})
+def complete(descriptor, credential: str, replace: bool = False):
+    """A queue descriptor whose URL names the endpoint's Redis user, with the secret put in
+    (`replace`: in place of the one it holds, after a rotation)."""
+    return descriptor.model_copy(update={"url": with_secret(descriptor.url, credential, replace=replace)})
 
 
 def use_aws_session(initial: dict, refresh) -> None:

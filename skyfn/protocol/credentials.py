@@ -36,12 +36,13 @@ def redis_url(base: str, user: str, password: Optional[str]) -> str:
                        parts.fragment))
 
 
-def with_secret(url: str, credential: str) -> str:
-    """A descriptor URL that names the Redis user only, completed with the credential's secret."""
+def with_secret(url: str, credential: str, replace: bool = False) -> str:
+    """A descriptor URL that names the Redis user only, completed with the credential's
+    secret; `replace` also swaps the secret of a URL that already holds one."""
     parsed = parse(credential)
     if parsed is None:
         raise ValueError("not an endpoint credential (skyfn-agent.<endpoint id>.<secret>)")
     parts = urlsplit(url)
-    if not url.startswith(("redis://", "rediss://")) or not parts.username or parts.password:
+    if not url.startswith(("redis://", "rediss://")) or not parts.username or (parts.password and not replace):
         return url
     return redis_url(url, parts.username, parsed[1])

@@ -220,3 +220,42 @@ def test_throughput_and_latency(queues, agent_factory, n):
     print(f"\nagent: {n} no-ops in {elapsed:.3f} s = {n / elapsed:,.0f} tasks/s; single-task p50 {p50 * 1e3:.2f} ms")
     assert n / elapsed > 5_000  # measured ~30,000/s on the 2-core machine; generous floor for noisy CI
     assert p50 < 0.010
+
+
+def test_credential_rotated_before_the_queues_open_is_taken_up(queues, agent_factory, redis_url, home, unique):
+    """The owner rotates the endpoint's credential between the agent's connect and its
+    first queue login (a race seen in CI): the agent keeps retrying with the old secret,
+    then logs in with the new one as soon as it is put in the credential file -- within
+    a second, not after its backoff has grown to 30 s -- and runs the tasks."""
+    import redis
+    from urllib.parse import urlsplit, urlunsplit
+
+    from endpoint_agent.credential import save
+
+    user, old, new = f"skyfn-ep-{unique}", "o" * 40, "n" * 40
+    admin = redis.Redis.from_url(redis_url)
+    admin.acl_setuser(user, enabled=True, passwords=[f"+{new}"], keys=["*"], commands=["+@all"])
+    try:
+        parts = urlsplit(redis_url)
+        as_user = urlunsplit((parts.scheme, f"{user}:{old}@{parts.hostname}:{parts.port}", parts.path, "", ""))
+        descs = {k: dict(getattr(queues, f"{k}_desc"), url=as_user) for k in ("task", "results", "control")}
+        agent = agent_factory(task_queue=descs["task"], results_queue=descs["results"],
+                              control_queue=descs["control"])
+        save(home / "endpoints" / "ep" / "credential", f"skyfn-agent.ep.{old}")
+        agent.start()
+        deadline = time.monotonic() + 20
+        while agent.tail().count("cannot reach the queues") < 4:  # backoff now at 4 s
+            assert time.monotonic() < deadline and agent.proc.poll() is None, agent.tail()
+            time.sleep(0.1)
+        save(home / "endpoints" / "ep" / "credential", f"skyfn-agent.ep.{new}")
+        t0 = time.monotonic()
+        agent.wait_status(lambda s: s.get("state") == "running", timeout=10)
+        assert time.monotonic() - t0 < 3, agent.tail()
+        ids = queues.push(fns.square, [(i,) for i in range(20)])
+        results = _one(queues.collect(ids, timeout=30))
+        assert [deserialize(results[t]["result"]) for t in ids] == [i * i for i in range(20)]
+        assert "logging in to the queues with it" in agent.tail(200) and new not in agent.tail(200)
+        assert agent.terminate() == 0
+    finally:
+        admin.acl_deluser(user)
+        admin.close()
