@@ -375,7 +375,9 @@ def test_agent_random_routing_cold_starts_more_than_warm_bubblewrap(queues, agen
     types = ["a", "b"] * 8
     cold = {}
     for routing in ("warm", "random"):
-        agent = agent_factory(name=f"ep-{routing}", workers=2, manager_heartbeat_period=0.2, containers={
+        # heartbeats every 1 s: at 0.2 s a manager busy restarting containers on a loaded CI
+        # machine was silent for 2 periods, declared lost and replaced, and its count reset
+        agent = agent_factory(name=f"ep-{routing}", workers=2, manager_heartbeat_period=1.0, containers={
             "runtime": "bubblewrap", "routing": routing, "routing_seed": 3,
             "types": {"a": {"image": "host"}, "b": {"image": "host"}}})
         agent.start(wait_workers=2)
@@ -384,7 +386,9 @@ def test_agent_random_routing_cold_starts_more_than_warm_bubblewrap(queues, agen
         res = queues.collect(ids, timeout=90)
         assert all(r[-1]["state"] == "SUCCEEDED" for r in res.values())
         done = time.time()                       # status.json written after a later heartbeat
-        cold[routing] = agent.wait_status(lambda s: s.get("updated", 0) > done + 0.5)["cold_starts"]
+        st = agent.wait_status(lambda s: s.get("updated", 0) > done + 1.5)
+        assert st["managers_lost"] == 0 and len(st["managers"]) == 1, st
+        cold[routing] = st["cold_starts"]
         assert agent.terminate() == 0
     # random: task k is bound to slot rng.randrange(2) in arrival order; every change of type
     # in a slot's sequence is a cold start (15 with seed 3); warm: a few (4-6 seen)
