@@ -63,7 +63,9 @@ $(COMM_STAMP): $(STAMP) $(COMM_SRC)
 
 # issue 4: comm — C++ core: configure, build and run its GoogleTest suite (ctest) in
 # build/comm-cpp; the transport tests start the real rendezvous server from .venv.
+# Part of `make test` (about a minute), before pytest.
 .PHONY: test-cpp
+test: test-cpp
 test-cpp: install
 	cmake -S comm/cpp -B build/comm-cpp -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	cmake --build build/comm-cpp -j2

@@ -9,7 +9,7 @@ stage (API Gateway caches one decision per token for every route) with the subje
 principal; any failure is API Gateway's 401 ("Unauthorized"). Tokens are never logged.
 
 Not covered: Globus *opaque* access tokens, which only token introspection with the
-app's client secret can check; see docs/aws.md.
+app's client secret can check; see docs/deploy.md.
 """
 from __future__ import annotations
 

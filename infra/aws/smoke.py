@@ -1,4 +1,4 @@
-"""Post-deploy smoke test of a stage: what synthesis cannot prove (docs/aws.md, "Only a
+"""Post-deploy smoke test of a stage: what synthesis cannot prove (docs/deploy.md, "Only a
 real account can verify"). Run it with credentials of the deploying account:
 
     .venv/bin/python -m infra.aws.smoke --stage prod --region us-east-1
