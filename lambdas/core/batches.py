@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from lambdas.adapters import aws
-from lambdas.core import deps, registry, runs, steps, tasks
+from lambdas.core import deps, idempotency, registry, runs, steps, tasks
 from lambdas.core.errors import Conflict, NotFound
 from lambdas.core.ids import new_id, new_ids
 from lambdas.workflows.config import workflow_settings
@@ -78,24 +78,10 @@ def _chunks(task_ids: list[str], payloads: list[str]):
 
 # --- API side ------------------------------------------------------------------------
 def submit(owner: str, req: SubmitBatch) -> tuple[dict[str, Any], bool]:
-    store = deps.store()
     key = f"batch:{req.idempotency_key}" if req.idempotency_key else None
-    if key:
-        previous = store.idempotent_get(owner, key)
-        if previous is not None and previous != b"pending":
-            return orjson.loads(previous) | {"replayed": True}, True
-        if not store.idempotent_claim(owner, key):
-            raise Conflict(f"a batch with idempotency key {req.idempotency_key!r} is still being submitted: "
-                           "retry in a moment")
-    try:
-        answer = _submit(owner, req)
-    except BaseException:
-        if key:
-            store.idempotent_release(owner, key)
-        raise
-    if key:
-        store.idempotent_store(owner, key, orjson.dumps(answer))
-    return answer, False
+    busy = Conflict(f"a batch with idempotency key {req.idempotency_key!r} is still being submitted: "
+                    "retry in a moment")
+    return idempotency.submit_once(owner, key, lambda: _submit(owner, req), busy=busy)
 
 
 def _submit(owner: str, req: SubmitBatch) -> dict[str, Any]:

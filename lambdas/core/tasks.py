@@ -14,7 +14,7 @@ import orjson
 
 from aws_lambda_powertools import Logger
 
-from lambdas.core import blobs, deps, groups, registry
+from lambdas.core import blobs, deps, groups, idempotency, registry
 from lambdas.core.errors import Conflict, NotFound, Unavailable
 from lambdas.core.ids import is_uuid, keyed_ids, new_id, new_ids
 from skyfn.protocol.api import SubmitTasks, TaskInfo, TaskStatus
@@ -32,30 +32,18 @@ def submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> t
     beforehand (a batch's ids are handed out before its chunks are routed)."""
     if task_ids is not None and len(task_ids) != len(req.tasks):
         raise ValueError(f"{len(task_ids)} task ids for {len(req.tasks)} tasks")
-    store = deps.store()
     key = req.idempotency_key
-    if key:
-        previous = store.idempotent_get(owner, key)
-        if previous is not None and previous != b"pending":
-            answer = orjson.loads(previous)
-            if len(answer["task_ids"]) != len(req.tasks):
-                raise Conflict(f"idempotency key {key!r} was used for a request of {len(answer['task_ids'])} "
-                               f"tasks, this one has {len(req.tasks)}: use a new key for a new request")
-            return answer | {"replayed": True}, True
-        # The claim is short: if the attempt holding it died (a service restart), a retry
-        # proceeds after CLAIM_SECONDS and, with the same ids, completes what it began.
-        if not store.idempotent_claim(owner, key, seconds=CLAIM_SECONDS):
-            raise Unavailable(f"a request with idempotency key {key!r} is still being processed: "
-                              "retry it in a moment")
-    try:
-        answer = _submit(owner, req, task_ids)
-    except BaseException:
-        if key:
-            store.idempotent_release(owner, key)
-        raise
-    if key:
-        store.idempotent_store(owner, key, orjson.dumps(answer))
-    return answer, False
+
+    def same_size(previous: dict[str, Any]) -> None:
+        if len(previous["task_ids"]) != len(req.tasks):
+            raise Conflict(f"idempotency key {key!r} was used for a request of {len(previous['task_ids'])} "
+                           f"tasks, this one has {len(req.tasks)}: use a new key for a new request")
+
+    # The claim is short: if the attempt holding it died (a service restart), a retry
+    # proceeds after CLAIM_SECONDS and, with the same ids, completes what it began.
+    busy = Unavailable(f"a request with idempotency key {key!r} is still being processed: retry it in a moment")
+    return idempotency.submit_once(owner, key, lambda: _submit(owner, req, task_ids), busy=busy,
+                                   claim_seconds=CLAIM_SECONDS, check=same_size)
 
 
 def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> dict[str, Any]:

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from endpoint_agent.procutil import pid_alive
+
 PUBLIC_IP = "198.51.100.1"
 PUBLIC_PREFIX = "198.51.100."
 PRIVATE_ROUTER_IP = "192.168.7.1"
@@ -79,16 +81,6 @@ def namespaces_unavailable_reason() -> str | None:
     return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _kill_namespace(name: str) -> None:
     """Kill what still runs in namespace `name` (only ever one of ours), then delete it."""
     pids = _sh(["ip", "netns", "pids", name], check=False).stdout.split()
@@ -106,7 +98,7 @@ def sweep_stale() -> list[str]:
     for line in _sh(["ip", "netns", "list"], check=False).stdout.splitlines():
         name = line.split()[0] if line.strip() else ""
         m = _NAME_RE.match(name)
-        if m and not _pid_alive(int(m.group(1))):
+        if m and not pid_alive(int(m.group(1))):
             _kill_namespace(name)
             removed.append(name)
     return removed

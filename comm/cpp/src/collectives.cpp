@@ -127,6 +127,23 @@ struct Blocks {
   size_t len(int i) const { return count / n + (static_cast<size_t>(i) < count % n ? 1 : 0); }
 };
 
+// One step of a ring or of recursive doubling: send `len` bytes at `data` to `dest` while
+// receiving from `source`. The send has completed when this returns: callers overwrite
+// the memory it reads next.
+BufferPtr sendrecv(Communicator& c, const void* data, size_t len, int dest, int source, int tag) {
+  std::vector<RequestPtr> reqs{c.isend(data, len, dest, tag)};
+  RequestPtr rr = c.irecv(source, tag);
+  BufferPtr in;
+  try {
+    in = take(rr);
+  } catch (...) {
+    drain(reqs);
+    throw;
+  }
+  wait_all(reqs);
+  return in;
+}
+
 int mod(int a, int n) { return ((a % n) + n) % n; }
 
 // Ring reduce-scatter on acc (count elements): afterwards rank r holds the fully reduced
@@ -138,18 +155,8 @@ void ring_reduce_scatter(Communicator& c, uint8_t* acc, const Blocks& bl, DType 
   const int right = mod(r + 1, n), left = mod(r - 1, n);
   for (int s = 0; s < n - 1; ++s) {
     int sb = mod(r - s, n), rb = mod(r - s - 1, n);
-    std::vector<RequestPtr> reqs;
-    reqs.push_back(c.isend(ptr_or_empty(acc + bl.begin(sb) * esz, bl.len(sb)), bl.len(sb) * esz,
-                           right, tag));
-    RequestPtr rr = c.irecv(left, tag);
-    BufferPtr in;
-    try {
-      in = take(rr);
-    } catch (...) {
-      drain(reqs);
-      throw;
-    }
-    wait_all(reqs);
+    BufferPtr in = sendrecv(c, ptr_or_empty(acc + bl.begin(sb) * esz, bl.len(sb)), bl.len(sb) * esz, right,
+                            left, tag);
     expect_size(in, bl.len(rb) * esz, left, name);
     uint8_t* blk = acc + bl.begin(rb) * esz;
     // The left neighbour's partial covers lower ring positions of this block: it goes first.
@@ -515,16 +522,7 @@ BufferPtr allreduce(Communicator& c, const void* data, size_t count, DType dt, R
     for (int mask = 1; mask < p; mask <<= 1) {
       int pnew = newr ^ mask;
       int partner = pnew < rem ? pnew * 2 + 1 : pnew + rem;
-      std::vector<RequestPtr> reqs{c.isend(a, nbytes, partner, kTagAllreduce)};
-      RequestPtr rr = c.irecv(partner, kTagAllreduce);
-      BufferPtr in;
-      try {
-        in = take(rr);
-      } catch (...) {
-        drain(reqs);
-        throw;
-      }
-      wait_all(reqs);  // the send reads acc: finish it before acc changes
+      BufferPtr in = sendrecv(c, a, nbytes, partner, partner, kTagAllreduce);
       expect_size(in, nbytes, partner, "allreduce");
       if (pnew < newr) {
         combine(a, in->data.data(), a, count, dt, op);
@@ -545,18 +543,8 @@ BufferPtr allreduce(Communicator& c, const void* data, size_t count, DType dt, R
   const int right = mod(r + 1, n), left = mod(r - 1, n);
   for (int s = 0; s < n - 1; ++s) {
     int sb = mod(r + 1 - s, n), rb = mod(r - s, n);
-    std::vector<RequestPtr> reqs{
-        c.isend(ptr_or_empty(a + bl.begin(sb) * esz, bl.len(sb)), bl.len(sb) * esz, right,
-                kTagAllreduce)};
-    RequestPtr rr = c.irecv(left, kTagAllreduce);
-    BufferPtr in;
-    try {
-      in = take(rr);
-    } catch (...) {
-      drain(reqs);
-      throw;
-    }
-    wait_all(reqs);
+    BufferPtr in = sendrecv(c, ptr_or_empty(a + bl.begin(sb) * esz, bl.len(sb)), bl.len(sb) * esz, right,
+                            left, kTagAllreduce);
     expect_size(in, bl.len(rb) * esz, left, "allreduce");
     if (in->size()) std::memcpy(a + bl.begin(rb) * esz, in->data.data(), in->size());
   }

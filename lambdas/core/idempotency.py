@@ -1,0 +1,38 @@
+"""Idempotent submission: one answer per (owner, idempotency key), kept in Redis.
+
+The first request with a key claims it, runs the submission and stores its answer; a
+retry with the same key gets that answer back marked `replayed`; a request that arrives
+while the claim is held gets the caller's `busy` error (retry later); a submission that
+raises releases the claim so a retry can run it again. Requests without a key just run.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import orjson
+
+from lambdas.core import deps
+
+
+def submit_once(owner: str, key: Optional[str], submit: Callable[[], dict[str, Any]], *,
+                busy: Exception, claim_seconds: int = 300,
+                check: Optional[Callable[[dict[str, Any]], None]] = None) -> tuple[dict[str, Any], bool]:
+    """(answer, replayed). `check(previous)` may refuse a replay whose request differs."""
+    if not key:
+        return submit(), False
+    store = deps.store()
+    previous = store.idempotent_get(owner, key)
+    if previous is not None and previous != b"pending":
+        answer = orjson.loads(previous)
+        if check is not None:
+            check(answer)
+        return answer | {"replayed": True}, True
+    if not store.idempotent_claim(owner, key, seconds=claim_seconds):
+        raise busy
+    try:
+        answer = submit()
+    except BaseException:
+        store.idempotent_release(owner, key)
+        raise
+    store.idempotent_store(owner, key, orjson.dumps(answer))
+    return answer, False
