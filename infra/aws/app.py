@@ -1,8 +1,8 @@
 """The CDK app: `python -m infra.aws.app` (cdk.json at the repository root runs it).
 
 Stacks, all named `Skyfn-<stage>-<part>`, in dependency order:
-network -> data -> service -> agent access; network -> rendezvous; data, service and
-rendezvous -> workflows. Context (`cdk deploy -c key=value`) is read by
+network -> data -> service -> agent access; network, data -> rendezvous -> service (the API's
+rendezvous address); data, service and rendezvous -> workflows. Context (`cdk deploy -c key=value`) is read by
 infra/aws/config.py: stage, region, account, auth (cognito | globus), globus_issuer,
 globus_audience, nat_gateways, redis_node_type, redis_replicas, api_rate_limit,
 api_burst_limit, log_retention_days, history_ttl_days, payload_expiry_days,
@@ -45,6 +45,8 @@ class SkyfnApp:
         self.rendezvous = RendezvousStack(app, c.stack_name("rendezvous"), config=c, vpc=self.network.vpc,
                                           secret=self.data.rendezvous_secret, env=env,
                                           description="skyfn: rendezvous server on Fargate behind an NLB")
+        # the API hands users the rendezvous address with their group tokens
+        self.service.functions["api"].add_environment("SKYFN_RENDEZVOUS_ADDRESS", self.rendezvous.address)
         self.workflows = WorkflowsStack(app, c.stack_name("workflows"), config=c, data=self.data,
                                         service=self.service, rendezvous_address=self.rendezvous.address, env=env,
                                         description="skyfn: Step Functions workflows and their step functions")

@@ -423,3 +423,19 @@ def test_cfn_lint_reports_no_errors(synth):
     findings = json.loads(proc.stdout)
     errors = [f for f in findings if f["Level"] == "Error"]
     assert not errors, json.dumps(errors, indent=1)[:4000]
+
+
+def test_api_issues_rendezvous_tokens_with_the_deployed_address(t):
+    """POST /rendezvous/tokens in AWS: the API signs with the rendezvous secret (loaded at
+    cold start, never in its configuration) and hands out the NLB's address."""
+    _, p = function(t["service"], "skyfn-ci-api")
+    env = p["Environment"]["Variables"]
+    assert "SKYFN_RENDEZVOUS_SECRET" in json.dumps(env["SKYFN_SECRET_ENV"])
+    assert "SKYFN_RENDEZVOUS_SECRET" not in env
+    address = json.dumps(env["SKYFN_RENDEZVOUS_ADDRESS"])
+    assert "Fn::ImportValue" in address and "Skyfn-ci-rendezvous" in address
+    reads = [s for s in function_statements(t["service"], "skyfn-ci-api") if "secretsmanager:GetSecretValue" in actions(s)]
+    assert any("RendezvousSecret" in resources_text(s) for s in reads), reads
+    for key in ("results", "reaper", "history"):  # no one else holds the signing secret
+        _, other = function(t["service"], f"skyfn-ci-{key}")
+        assert "SKYFN_RENDEZVOUS_SECRET" not in json.dumps(other["Environment"]["Variables"]), key

@@ -95,8 +95,12 @@ class ServiceStack(Stack):
         self.endpoint_queue_arns = [queue_arn(self, f"{prefix}-tasks-*"), queue_arn(self, f"{prefix}-control-*")]
 
         # --- functions ------------------------------------------------------------
+        # the API issues rendezvous group tokens (POST /rendezvous/tokens): it signs them with
+        # the rendezvous secret; the server's address is added by the app (rendezvous stack)
         self.functions: dict[str, lambda_.Function] = {
-            key: self.function(spec) for key, spec in FUNCTIONS.items()}
+            key: self.function(spec, secrets={"SKYFN_RENDEZVOUS_SECRET": data.rendezvous_secret} if key == "api"
+                               else None)
+            for key, spec in FUNCTIONS.items()}
         api_fn, results_fn = self.functions["api"], self.functions["results"]
         reaper_fn, history_fn = self.functions["reaper"], self.functions["history"]
         tables = data.tables
