@@ -79,8 +79,10 @@ def _chunks(task_ids: list[str], payloads: list[str]):
 # --- API side ------------------------------------------------------------------------
 def submit(owner: str, req: SubmitBatch) -> tuple[dict[str, Any], bool]:
     key = f"batch:{req.idempotency_key}" if req.idempotency_key else None
-    busy = Conflict(f"a batch with idempotency key {req.idempotency_key!r} is still being submitted: "
-                    "retry in a moment")
+    def busy() -> Conflict:
+        return Conflict(f"a batch with idempotency key {req.idempotency_key!r} is still being submitted: "
+                        "retry in a moment")
+
     return idempotency.submit_once(owner, key, lambda: _submit(owner, req), busy=busy)
 
 

@@ -2,7 +2,7 @@
 
 The first request with a key claims it, runs the submission and stores its answer; a
 retry with the same key gets that answer back marked `replayed`; a request that arrives
-while the claim is held gets the caller's `busy` error (retry later); a submission that
+while the claim is held gets the error `busy()` makes (retry later); a submission that
 raises releases the claim so a retry can run it again. Requests without a key just run.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from lambdas.core import deps
 
 
 def submit_once(owner: str, key: Optional[str], submit: Callable[[], dict[str, Any]], *,
-                busy: Exception, claim_seconds: int = 300,
+                busy: Callable[[], Exception], claim_seconds: int = 300,
                 check: Optional[Callable[[dict[str, Any]], None]] = None) -> tuple[dict[str, Any], bool]:
     """(answer, replayed). `check(previous)` may refuse a replay whose request differs."""
     if not key:
@@ -28,7 +28,7 @@ def submit_once(owner: str, key: Optional[str], submit: Callable[[], dict[str, A
             check(answer)
         return answer | {"replayed": True}, True
     if not store.idempotent_claim(owner, key, seconds=claim_seconds):
-        raise busy
+        raise busy()
     try:
         answer = submit()
     except BaseException:

@@ -41,7 +41,9 @@ def submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> t
 
     # The claim is short: if the attempt holding it died (a service restart), a retry
     # proceeds after CLAIM_SECONDS and, with the same ids, completes what it began.
-    busy = Unavailable(f"a request with idempotency key {key!r} is still being processed: retry it in a moment")
+    def busy() -> Unavailable:
+        return Unavailable(f"a request with idempotency key {key!r} is still being processed: retry it in a moment")
+
     return idempotency.submit_once(owner, key, lambda: _submit(owner, req, task_ids), busy=busy,
                                    claim_seconds=CLAIM_SECONDS, check=same_size)
 

@@ -12,7 +12,6 @@ import os
 import pytest
 
 
-
 @pytest.fixture
 def stage(unique):
     return f"smoke{unique}"
@@ -53,23 +52,19 @@ def rendezvous_address():
     server.stop()
 
 
-CHECKS = ("stacks deployed", "API mapping (GET /openapi.json)", "authorizer (POST /tasks, no token)",
-          "reaper: Redis TLS + AUTH, SQS IAM", "history: DynamoDB IAM", "results queue -> results function",
-          "rendezvous NLB")
-
-
 def _run(capsys, stage: str) -> tuple[int, dict[str, str]]:
     """Exit status, and per check 'PASS|FAIL <what was seen>' (plus the summary line)."""
     from infra.aws import smoke
 
+    names = [name for name, _ in smoke.checks(smoke.Smoke(stage, "us-east-1"))]
     code = smoke.main(["--stage", stage, "--region", os.environ.get("AWS_DEFAULT_REGION", "us-east-1")])
     lines = capsys.readouterr().out.splitlines()
     checks = {}
-    for line, name in zip(lines, CHECKS):
+    for line, name in zip(lines, names):
         verdict, _, rest = line.partition(" ")
         assert rest.startswith(name + ": "), (line, name)
         checks[name] = f"{verdict} {rest[len(name) + 2:]}"
-    assert len(lines) == len(CHECKS) + 1, lines
+    assert len(lines) == len(names) + 1, lines
     return code, checks | {"summary": lines[-1]}
 
 
