@@ -22,6 +22,7 @@ class Settings:
     history_batch: int
     sqs_queue_prefix: str
     history_ttl_days: float = 0.0  # 0: the durable history never expires
+    memo_ttl: float = 7 * 24 * 3600.0  # how long a memoized result answers repeat calls
     # authentication and limits (lambdas/auth.py, lambdas/core/limits.py)
     auth_provider: str = "jwt"       # jwt: verify tokens here; cognito|globus: API Gateway's authorizer did
     auth_audience: str = "skyfn"
@@ -80,6 +81,7 @@ def settings() -> Settings:
         history_batch=int(_float("SKYFN_HISTORY_BATCH", 500)),
         sqs_queue_prefix=os.environ.get("SKYFN_SQS_PREFIX", prefix),
         history_ttl_days=_float("SKYFN_HISTORY_TTL_DAYS", 0.0),
+        memo_ttl=_float("SKYFN_MEMO_TTL", 7 * 24 * 3600.0),
         auth_provider=os.environ.get("SKYFN_AUTH_PROVIDER", "jwt"),
         auth_audience=os.environ.get("SKYFN_AUTH_AUDIENCE", "skyfn"),
         auth_jwks=os.environ.get("SKYFN_AUTH_JWKS", ""),

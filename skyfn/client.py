@@ -179,10 +179,15 @@ class Client:
 
     # -- functions ------------------------------------------------------------------
     def register_function(
-        self, fn: Callable[..., Any], tag: Optional[str] = None, container: Optional[str] = None, name: Optional[str] = None
+        self, fn: Callable[..., Any], tag: Optional[str] = None, container: Optional[str] = None, name: Optional[str] = None,
+        memoize: bool = False,
     ) -> str:
-        """Register a function (serialized by value) and return its function id."""
+        """Register a function (serialized by value) and return its function id. With
+        ``memoize``, a call on arguments it already ran on (same code and container) is
+        answered from the service's cache without running (a submission can override it)."""
         body: dict[str, Any] = {"function": serialize_function(fn)}
+        if memoize:
+            body["memoize"] = True
         body["name"] = name or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
         if tag is not None:
             body["tag"] = tag
@@ -203,15 +208,18 @@ class Client:
 
     # -- submitting -----------------------------------------------------------------
     def run(self, function_id: FunctionRef, *args: Any, endpoint_id: Optional[str] = None,
-            group_id: Optional[str] = None, **kwargs: Any) -> str:
+            group_id: Optional[str] = None, memoize: Optional[bool] = None, **kwargs: Any) -> str:
         """Run one task and return its task id. ``function_id`` may also be a callable,
         registered on first use. Give ``endpoint_id``, or ``group_id`` (an endpoint group:
-        its placement policy picks the endpoint)."""
+        its placement policy picks the endpoint). ``memoize``: answer from the cache when
+        this function already ran on these arguments (default: the function's setting)."""
         if not endpoint_id and not group_id:
             raise ValueError("endpoint_id (or group_id) is required (look one up with client.endpoint_id('local'))")
         if not isinstance(function_id, str):
             function_id = self._function_id_for(function_id)
-        task = {"function_id": function_id, "payload": pack_args(args, kwargs)}
+        task: dict[str, Any] = {"function_id": function_id, "payload": pack_args(args, kwargs)}
+        if memoize is not None:
+            task["memoize"] = bool(memoize)
         return self.submit_tasks([task], endpoint_id, group_id=group_id)[0]
 
     def create_batch(self, endpoint_id: Optional[str] = None, resource_specification: Optional[dict] = None,
@@ -227,7 +235,7 @@ class Client:
         return self.submit_tasks(batch.tasks, batch.endpoint_id)
 
     def submit_tasks(self, tasks: list[dict], endpoint_id: Optional[str] = None, *, max_retries: Optional[int] = None,
-                     group_id: Optional[str] = None) -> list[str]:
+                     group_id: Optional[str] = None, memoize: Optional[bool] = None) -> list[str]:
         """POST /tasks for ready-made task dicts (``{"function_id", "payload"[, "endpoint_id"]}``),
         split into requests of at most ~5,000 tasks / ~8 MB, each with its own idempotency
         key that is reused by every retry of that request."""
@@ -241,6 +249,8 @@ class Client:
                 body["group_id"] = group_id
             if max_retries is not None:
                 body["max_retries"] = max_retries
+            if memoize is not None:
+                body["memoize"] = bool(memoize)
             try:
                 answer = self._http.post("/tasks", body)
             except (SkyfnAPIError, SkyfnConnectionError) as exc:

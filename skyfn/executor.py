@@ -91,6 +91,7 @@ class Executor(_BaseExecutor):
         resource_specification: Optional[dict] = None,
         walltime: Optional[float] = None,
         group: Optional[str] = None,
+        memoize: Optional[bool] = None,
     ):
         self._own_client = client is None
         self.client = client if client is not None else Client()
@@ -105,6 +106,9 @@ class Executor(_BaseExecutor):
         self.tag = tag
         # Applied to every task: {"cores": n, "gpus": n}; walltime in seconds (TIMED_OUT past it).
         self._task_options = task_options(resource_specification, walltime)
+        # memoize: True answers calls already made on the same arguments from the service's
+        # cache (no dispatch); False runs them all; None: each function's own setting.
+        self.memoize = memoize
         self._progress = progress
 
         self._cv = threading.Condition(threading.RLock())
@@ -296,7 +300,7 @@ class Executor(_BaseExecutor):
             items = live[start : start + len(chunk)]
             start += len(chunk)
             try:
-                ids = self.client.submit_tasks(chunk, self.endpoint_id, group_id=self.group_id)
+                ids = self.client.submit_tasks(chunk, self.endpoint_id, group_id=self.group_id, memoize=self.memoize)
             except Exception as exc:  # already retried with the same idempotency key
                 with self._cv:
                     self._inflight = self._inflight[len(items):]

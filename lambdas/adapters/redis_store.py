@@ -16,6 +16,8 @@ batch at once, so a batch of 10,000 tasks costs a handful of round trips. Key la
   load:<endpoint>  hash: function tag ('_' untagged) -> tasks queued to or running on the
                    endpoint, not yet final; changed in the same scripts as the states
                    (placement's live state at service level: lambdas/core/groups.py)
+  memo:<owner>:<k> a memoized task's result (skyfn.protocol.memo key k), written by the
+                   script that stores the SUCCEEDED result of a task created with 'mk' = k
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ local owner, sub = ARGV[3], ARGV[4]
 for i, t in ipairs(tasks) do
   redis.call('HSET', 't:' .. t[1], 'o', owner, 'f', t[2], 'e', t[3], 'sub', sub, 's', 'QUEUED',
              'r', 0, 'mr', t[5], 'c', now, 'p', t[4], 'ev', 'CREATED@' .. now .. ';QUEUED@' .. ARGV[5] .. ';')
+  if t[7] and t[7] ~= cjson.null then redis.call('HSET', 't:' .. t[1], 'mk', t[7]) end
   local tag = t[6]
   if tag and tag ~= cjson.null and tag ~= '' then
     redis.call('HSET', 't:' .. t[1], 'tg', tag)
@@ -86,6 +89,10 @@ for i, r in ipairs(rows) do
     redis.call('ZADD', 'purge', tonumber(now) + tonumber(ARGV[3]), r[1])
     redis.call('RPUSH', 'outbox', r[1])
     local owner = redis.call('HGET', key, 'o')
+    if r[2] == 'SUCCEEDED' and r[3] ~= cjson.null and ARGV[5] then
+      local mk = redis.call('HGET', key, 'mk')
+      if mk then redis.call('SET', 'memo:' .. owner .. ':' .. mk, r[3], 'EX', ARGV[5]) end
+    end
     if not done[owner] then done[owner] = {} end
     table.insert(done[owner], r[1])
     stored = stored + 1
@@ -96,6 +103,31 @@ for owner, ids in pairs(done) do
   redis.call('EXPIRE', 'done:' .. owner, 86400)
 end
 return {stored, dup, unknown}
+"""
+
+# Memo hits: tasks created already SUCCEEDED with the cached result, never queued or
+# dispatched; their events say MEMO_HIT. Like _FINISH, they are announced on done:<owner>.
+_MEMO_HIT = """
+local rows = cjson.decode(ARGV[1])
+local created, now, owner, sub = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local ids = {}
+for i, t in ipairs(rows) do
+  local key = 't:' .. t[1]
+  if redis.call('EXISTS', key) == 0 then
+    redis.call('HSET', key, 'o', owner, 'f', t[2], 'e', t[3], 'sub', sub, 's', 'SUCCEEDED', 'r', 0, 'mr', 0,
+               'c', created, 'res', t[4], 'mk', t[5],
+               'ev', 'CREATED@' .. created .. ';MEMO_HIT@' .. now .. ';SUCCEEDED@' .. now .. ';STORED@' .. now .. ';')
+    if t[6] and t[6] ~= cjson.null and t[6] ~= '' then redis.call('HSET', key, 'tg', t[6]) end
+    redis.call('ZADD', 'purge', tonumber(now) + tonumber(ARGV[6]), t[1])
+    redis.call('RPUSH', 'outbox', t[1])
+    table.insert(ids, t[1])
+  end
+end
+if #ids > 0 then
+  redis.call('XADD', 'done:' .. owner, 'MAXLEN', '~', 10000, '*', 'ids', table.concat(ids, ','))
+  redis.call('EXPIRE', 'done:' .. owner, 86400)
+end
+return #ids
 """
 
 _RANK = "{CREATED=0, QUEUED=1, DISPATCHED=2, RUNNING=3}"
@@ -223,10 +255,13 @@ def _s(v: Any) -> str | None:
 class TaskStore:
     """Batch operations on the hot task store."""
 
-    def __init__(self, client: redis.Redis, result_ttl: float = 600.0, unretrieved_ttl: float = 7 * 86400.0):
+    def __init__(self, client: redis.Redis, result_ttl: float = 600.0, unretrieved_ttl: float = 7 * 86400.0,
+                 memo_ttl: float = 7 * 86400.0):
         self.r = client
         self.result_ttl = result_ttl
         self.unretrieved_ttl = unretrieved_ttl
+        self.memo_ttl = memo_ttl
+        self._memo_hit = client.register_script(_MEMO_HIT)
         self._create = client.register_script(_CREATE)
         self._finish = client.register_script(_FINISH)
         self._progress = client.register_script(_PROGRESS)
@@ -241,9 +276,26 @@ class TaskStore:
 
     # --- submission -------------------------------------------------------------
     def create(self, owner: str, submission_id: str, rows: list[list[Any]], created: float, queued: float) -> int:
-        """rows: [task_id, function_id, endpoint_id, payload, max_retries(, function tag)]; all
-        start QUEUED and count in load:<endpoint> until final (an empty endpoint_id: none)."""
+        """rows: [task_id, function_id, endpoint_id, payload, max_retries(, function tag(, memo
+        key))]; all start QUEUED and count in load:<endpoint> until final (an empty
+        endpoint_id: none). A task with a memo key caches its result when it SUCCEEDS."""
         return int(self._create(args=[orjson.dumps(rows), f"{created:.6f}", owner, submission_id, f"{queued:.6f}"]))
+
+    # --- memoization (skyfn.protocol.memo) -----------------------------------------
+    def memo_lookup(self, owner: str, keys: list[str]) -> list[str | None]:
+        """The cached result for each memo key, or None."""
+        if not keys:
+            return []
+        return [_s(v) for v in self.r.mget([f"memo:{owner}:{k}" for k in keys])]
+
+    def create_memo_hits(self, owner: str, submission_id: str, rows: list[list[Any]], created: float) -> int:
+        """rows: [task_id, function_id, endpoint_id, cached result, memo key, function tag]:
+        tasks answered from the cache, stored SUCCEEDED at once (ids that exist are left
+        alone: a retried submission). Returns how many were created."""
+        if not rows:
+            return 0
+        return int(self._memo_hit(args=[orjson.dumps(rows), f"{created:.6f}", f"{time.time():.6f}", owner,
+                                        submission_id, self.unretrieved_ttl]))
 
     def fail_unqueued(self, task_ids: list[str], reason: str) -> None:
         """Tasks stored but never enqueued (the queue refused them) are failed, not left hanging."""
@@ -270,7 +322,7 @@ class TaskStore:
         to that endpoint are finished; others count as unknown.
         Returns (stored, duplicates ignored, unknown ids)."""
         stored, dup, unknown = self._finish(args=[orjson.dumps(rows), f"{time.time():.6f}", self.unretrieved_ttl,
-                                                  endpoint_id])
+                                                  endpoint_id, int(self.memo_ttl)])
         return int(stored), int(dup), int(unknown)
 
     def progress(self, rows: list[list[Any]], endpoint_id: str = "") -> int:

@@ -25,7 +25,7 @@ def redis_client() -> redis.Redis:
 @functools.lru_cache(maxsize=1)
 def store() -> TaskStore:
     s = settings()
-    return TaskStore(redis_client(), result_ttl=s.result_ttl, unretrieved_ttl=s.unretrieved_ttl)
+    return TaskStore(redis_client(), result_ttl=s.result_ttl, unretrieved_ttl=s.unretrieved_ttl, memo_ttl=s.memo_ttl)
 
 
 @functools.lru_cache(maxsize=1)

@@ -3,7 +3,7 @@ hot path reads (function bodies, endpoint owners) and holds endpoint liveness.""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -19,10 +19,19 @@ def _dec(raw: dict[bytes, bytes]) -> dict[str, str]:
 
 
 # --- functions ------------------------------------------------------------------
+class FunctionBody(NamedTuple):
+    """What the hot path needs of a function: its code, its container, its memo default."""
+    body: str
+    container: str | None
+    memoize: bool
+
+
 def register_function(owner: str, body: RegisterFunction) -> str:
     function_id = new_id()
     item = {"function_id": function_id, "owner": owner, "name": body.name, "tag": body.tag,
             "container": body.container, "created": time.time(), "body": body.function}
+    if body.memoize:
+        item["memoize"] = True
     deps.dynamo().put_function(item)
     _cache_function(item)
     return function_id
@@ -31,18 +40,19 @@ def register_function(owner: str, body: RegisterFunction) -> str:
 def _cache_function(item: dict[str, Any]) -> None:
     deps.redis_client().hset(f"fn:{item['function_id']}", mapping={
         "o": item["owner"], "b": item["body"], "c": str(item["created"]),
-        "meta": orjson.dumps({k: item.get(k) for k in ("name", "tag", "container")}),
+        "meta": orjson.dumps({k: item.get(k) for k in ("name", "tag", "container", "memoize")}),
     })
 
 
-def function_bodies(owner: str, function_ids: set[str]) -> dict[str, tuple[str, str | None]]:
-    """(body, container) of functions the owner may run; unknown or foreign ids raise NotFound."""
+def function_bodies(owner: str, function_ids: set[str]) -> dict[str, FunctionBody]:
+    """Body, container and memo default of functions the owner may run; unknown or foreign
+    ids raise NotFound."""
     r = deps.redis_client()
     ids = sorted(function_ids)
     pipe = r.pipeline(transaction=False)
     for fid in ids:
         pipe.hmget(f"fn:{fid}", "o", "b", "meta")
-    out: dict[str, tuple[str, str | None]] = {}
+    out: dict[str, FunctionBody] = {}
     for fid, (o, b, meta) in zip(ids, pipe.execute()):
         if o is None:
             item = deps.dynamo().get_function(fid) if is_uuid(fid) else None
@@ -50,10 +60,11 @@ def function_bodies(owner: str, function_ids: set[str]) -> dict[str, tuple[str, 
                 raise NotFound(f"function {fid} not found: register it first (Client.register_function)")
             _cache_function(item)
             o, b = item["owner"].encode(), item["body"].encode()
-            meta = orjson.dumps({"container": item.get("container")})
+            meta = orjson.dumps({"container": item.get("container"), "memoize": item.get("memoize")})
         if o.decode() != owner and not access.allows("function", fid, o.decode(), owner):
             raise NotFound(f"function {fid} not found: register it first (Client.register_function)")
-        out[fid] = (b.decode(), orjson.loads(meta or b"{}").get("container"))
+        m = orjson.loads(meta or b"{}")
+        out[fid] = FunctionBody(b.decode(), m.get("container"), bool(m.get("memoize")))
     return out
 
 
@@ -67,7 +78,8 @@ def get_function(owner: str, function_id: str) -> FunctionInfo:
     if not item or not access.allows("function", function_id, item["owner"], owner):
         raise NotFound(f"function {function_id} not found")
     return FunctionInfo(function_id=function_id, name=item.get("name"), owner=item["owner"], tag=item.get("tag"),
-                        container=item.get("container"), created=float(item["created"]), function=item["body"])
+                        container=item.get("container"), created=float(item["created"]), function=item["body"],
+                        memoize=bool(item.get("memoize")))
 
 
 # --- endpoints ------------------------------------------------------------------

@@ -14,7 +14,7 @@ import orjson
 
 from aws_lambda_powertools import Logger
 
-from lambdas.core import blobs, deps, groups, idempotency, registry
+from lambdas.core import blobs, deps, groups, idempotency, memo, registry
 from lambdas.core.errors import Conflict, NotFound, Unavailable
 from lambdas.core.ids import is_uuid, keyed_ids, new_id, new_ids
 from skyfn.protocol.api import SubmitTasks, TaskInfo, TaskStatus
@@ -53,30 +53,41 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> 
     tasks = req.tasks
     blobs.check_payloads(owner, tasks)  # S3 references must be the caller's own uploads
     functions = registry.function_bodies(owner, {t.function_id for t in tasks})
-    bodies = {fid: body for fid, (body, _) in functions.items()}
-    containers = {fid: container for fid, (_, container) in functions.items()}
+    bodies = {fid: f.body for fid, f in functions.items()}
+    containers = {fid: f.container for fid, f in functions.items()}
     # each task's endpoint: its own or the batch's, or one its endpoint group's policy picks
     routing = groups.route(owner, req, containers)
+    store = deps.store()
+    memo_keys = memo.keys(req, functions)
+    cached = memo.hits(store, owner, memo_keys)  # answered from the cache: never queued
 
     key = req.idempotency_key
     submission_id = keyed_ids(owner, key, 1, "submission")[0] if key else new_id()
     task_ids = task_ids or (keyed_ids(owner, key, len(tasks)) if key else new_ids(len(tasks)))
     by_endpoint: dict[str, list[int]] = {}
-    rows = []
+    rows, hit_rows = [], []
     for i, (tid, t) in enumerate(zip(task_ids, tasks)):
         ep = routing.endpoints[i]
+        tag = routing.tags.get(t.function_id)
+        if i in cached:
+            mk, result = cached[i]
+            hit_rows.append([tid, t.function_id, ep or "", result, mk, tag])
+            continue
         if ep:
             by_endpoint.setdefault(ep, []).append(i)
         rows.append([tid, t.function_id, ep, t.payload, t.max_retries if t.max_retries is not None else req.max_retries,
-                     routing.tags.get(t.function_id)])
+                     tag, memo_keys[i]])
 
-    store = deps.store()
+    if hit_rows:
+        store.create_memo_hits(owner, submission_id, hit_rows, created)
     if key:  # perhaps a retry of an attempt that stored its tasks and then failed
         rows, by_endpoint = _not_yet_queued(store, rows, by_endpoint, task_ids)
     queued = time.time()
-    store.create(owner, submission_id, rows, created, queued)
+    if rows:
+        store.create(owner, submission_id, rows, created, queued)
     if routing.refused:  # the group's policy placed them nowhere (followup: fail)
-        store.finish([[task_ids[i], "FAILED", None, None, reason, ""] for i, reason in routing.refused.items()])
+        store.finish([[task_ids[i], "FAILED", None, None, reason, ""] for i, reason in routing.refused.items()
+                      if i not in cached])
     sent: set[str] = set()
     try:
         for ep, indices in by_endpoint.items():
@@ -101,16 +112,18 @@ def _not_yet_queued(store, rows, by_endpoint, task_ids):
     per endpoint, the tasks still to send (new ones and ones still QUEUED: the earlier
     attempt may have failed before sending them; sending one twice only runs it twice,
     its result is stored once). Tasks that moved on are left alone."""
-    if not store.r.exists(f"t:{task_ids[0]}"):  # tasks are created in one script: all or none
+    ids = [row[0] for row in rows]  # memo hits are not among them: they are never queued
+    if not ids or not store.r.exists(f"t:{ids[0]}"):  # created in one script: all or none
         return rows, by_endpoint
     pipe = store.r.pipeline(transaction=False)
-    for tid in task_ids:
+    for tid in ids:
         pipe.hget(f"t:{tid}", "s")
     states = pipe.execute()
     rows = [row for row, s in zip(rows, states) if s is None]
-    resend = {i for i, s in enumerate(states) if s is None or s == b"QUEUED"}
+    state_of = dict(zip(ids, states))
+    resend = {i for i, tid in enumerate(task_ids) if tid in state_of and state_of[tid] in (None, b"QUEUED")}
     by_endpoint = {ep: kept for ep, indices in by_endpoint.items() if (kept := [i for i in indices if i in resend])}
-    logger.info("idempotent retry", extra={"existing": len(task_ids) - len(rows), "resent": len(resend)})
+    logger.info("idempotent retry", extra={"existing": len(ids) - len(rows), "resent": len(resend)})
     return rows, by_endpoint
 
 

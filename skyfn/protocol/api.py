@@ -40,6 +40,8 @@ class RegisterFunction(_Body):
     name: Optional[str] = Field(default=None, max_length=256)
     tag: Optional[str] = Field(default=None, pattern=NAME_PATTERN)
     container: Optional[str] = Field(default=None, max_length=512)
+    memoize: StrictBool = Field(default=False, description="cache results by (function code, arguments, "
+                                                           "container); a repeat call is answered without running")
 
 
 class FunctionInfo(BaseModel):
@@ -50,6 +52,7 @@ class FunctionInfo(BaseModel):
     container: Optional[str] = None
     created: float
     function: Optional[str] = None
+    memoize: bool = False
 
 
 class FunctionCreated(BaseModel):
@@ -117,6 +120,9 @@ class TaskRequest(_Body):
     max_retries: Optional[int] = Field(default=None, ge=0, le=100)
     walltime: Optional[float] = Field(default=None, gt=0, le=7 * 24 * 3600)
     resources: Optional[Resources] = None
+    memoize: Optional[StrictBool] = Field(default=None, description="answer from the memo cache when this function "
+                                          "ran on the same arguments and container before (default: the "
+                                          "submission's, else the function's setting)")
 
 
 class SubmitTasks(_Body):
@@ -125,6 +131,8 @@ class SubmitTasks(_Body):
                                                                             "without its own target")
     idempotency_key: Optional[str] = Field(default=None, min_length=1, max_length=128)
     max_retries: int = Field(default=3, ge=0, le=100)
+    memoize: Optional[StrictBool] = Field(default=None, description="memoization for every task without its own "
+                                                                    "setting (default: the function's)")
     tasks: list[TaskRequest] = Field(min_length=1, max_length=MAX_BATCH)
 
 
