@@ -137,3 +137,9 @@ test-security: install
 	$(PY) -m pytest -q tests/service/test_auth.py tests/service/test_auth_agent.py tests/service/test_sharing.py \
 		tests/service/test_rendezvous_tokens.py \
 		tests/service/test_limits.py tests/sdk/test_login.py tests/e2e/test_security.py tests/e2e/test_large_data.py
+
+# issue 12: memoization — a 10,000-task map run twice with Executor(memoize=True): the
+# second run dispatches nothing (events read back) and its speed-up is printed.
+.PHONY: bench-memo
+bench-memo: install
+	$(PY) -m benchmarks.memo --json
