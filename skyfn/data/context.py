@@ -1,0 +1,57 @@
+"""Who is asking: the user whose task is running in this process (or the SDK's user).
+
+The worker sets the owner of each task before calling it (the service puts the submitter
+in the task pack; the agent hands it to the worker); the SDK sets its user when it learns
+it. Capabilities are checked against this identity. Also: `get_redis_client()` for code
+running inside a task, and the endpoint's store definitions (SKYFN_DATA_STORES).
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+_task_owner: Optional[str] = None
+_task_id: Optional[str] = None
+_sdk_user: Optional[str] = None
+
+STORES_ENV = "SKYFN_DATA_STORES"      # path of the endpoint's stores file (JSON, mode 0600)
+ENDPOINT_ENV = "SKYFN_ENDPOINT_ID"
+
+
+def set_task(owner: Optional[str], task_id: Optional[str] = None) -> None:
+    """Called by the worker around each task (None after it)."""
+    global _task_owner, _task_id
+    _task_owner, _task_id = owner, task_id
+
+
+def set_user(user: Optional[str]) -> None:
+    """The SDK's user, for refs made or resolved outside a task."""
+    global _sdk_user
+    _sdk_user = user
+
+
+def current_user() -> Optional[str]:
+    return _task_owner if _task_owner is not None else _sdk_user
+
+
+def current_task() -> Optional[str]:
+    return _task_id
+
+
+def endpoint_id() -> Optional[str]:
+    return os.environ.get(ENDPOINT_ENV) or None
+
+
+def get_redis_client():
+    """A redis-py client for the endpoint's Redis (DESIGN.md section 6), inside a task.
+
+    The endpoint's agent starts or names that Redis in its config (`data: redis:`); keys you
+    write are yours to manage (use a TTL). Raises a clear error where the endpoint has none."""
+    from skyfn.data.errors import DataConfigError
+    from skyfn.data.store import endpoint_stores
+
+    for store in endpoint_stores().values():
+        if store.connector.kind == "redis":
+            return store.connector.client
+    raise DataConfigError("this endpoint has no Redis store: add `data: {redis: {start: true}}` to its config.yaml "
+                          "(or `data: {redis: {host: ..., port: ..., password_file: ...}}` for an existing one)")

@@ -1,0 +1,229 @@
+"""Store: a named connector with object encoding, capabilities, a per-process cache and refs.
+
+    store = Store("results", RedisConnector(port=6380, password=...), secret=b"...")
+    key = store.put(array, ttl=3600)          # bytes in Redis, a key back
+    ref = store.ref(array, ttl=3600)          # a lazy Ref: send it as an argument
+    store.get(key); store.exists(key); store.evict(key)
+
+Stores are registered by name in the process (`get_store(name)`); a worker also knows
+its endpoint's stores from the file SKYFN_DATA_STORES names, so a Ref needs to carry only
+the store's name and connector config. Resolved objects are cached per process (LRU,
+bounded by SKYFN_DATA_CACHE_BYTES, default 512 MiB); a cached object is still checked
+against the asking user's capability.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import secrets
+import threading
+import time
+import uuid
+from typing import Any, Iterable, Optional
+
+from skyfn.data import capability, codec, context
+from skyfn.data.connectors import from_config
+from skyfn.data.errors import DataConfigError, RefAccessDenied, RefResolutionError
+
+CACHE_BYTES = int(os.environ.get("SKYFN_DATA_CACHE_BYTES", 512 << 20))
+
+_registry: dict[str, "Store"] = {}
+_registry_lock = threading.Lock()
+_endpoint_loaded: Optional[tuple[str, float]] = None
+
+
+class _Cache:
+    """(store, key) -> (object, size), least recently used out first, bounded by bytes."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.items: collections.OrderedDict = collections.OrderedDict()
+        self.size = 0
+        self.lock = threading.Lock()
+
+    def get(self, k):
+        with self.lock:
+            hit = self.items.get(k)
+            if hit is not None:
+                self.items.move_to_end(k)
+            return hit
+
+    def put(self, k, obj, size: int) -> None:
+        if size > self.limit:
+            return
+        with self.lock:
+            old = self.items.pop(k, None)
+            if old is not None:
+                self.size -= old[1]
+            self.items[k] = (obj, size)
+            self.size += size
+            while self.size > self.limit and self.items:
+                _, (_, s) = self.items.popitem(last=False)
+                self.size -= s
+
+    def drop(self, k) -> None:
+        with self.lock:
+            old = self.items.pop(k, None)
+            if old is not None:
+                self.size -= old[1]
+
+
+cache = _Cache(CACHE_BYTES)
+
+
+class Store:
+    def __init__(self, name: str, connector, *, secret: Optional[bytes | str] = None,
+                 endpoint_id: Optional[str] = None, register: bool = True):
+        if not name or not isinstance(name, str):
+            raise DataConfigError("a store needs a name (a non-empty string)")
+        self.name = name
+        self.connector = connector
+        if isinstance(secret, str):
+            secret = bytes.fromhex(secret)
+        # A store made without a secret can sign refs only this process can check: give
+        # the same secret to the stores of every process that resolves them.
+        self.secret: bytes = secret or secrets.token_bytes(32)
+        self.endpoint_id = endpoint_id  # where the bytes live (data-aware placement)
+        if register:
+            register_store(self)
+
+    def __repr__(self) -> str:
+        return f"Store({self.name!r}, {self.connector.kind})"
+
+    # --- bytes under keys ----------------------------------------------------------
+    def put(self, obj: Any, *, key: Optional[str] = None, ttl: Optional[float] = None) -> str:
+        key = key or uuid.uuid4().hex
+        self.connector.put(key, codec.encode_frames(obj), ttl=ttl)
+        return key
+
+    def get(self, key: str, default: Any = None) -> Any:
+        data = self.connector.get(key)
+        return default if data is None else codec.decode(data)
+
+    def exists(self, key: str) -> bool:
+        return self.connector.exists(key)
+
+    def evict(self, key: str) -> None:
+        cache.drop((self.name, key))
+        self.connector.evict(key)
+
+    # --- refs ------------------------------------------------------------------------
+    def ref(self, obj: Any, *, ttl: Optional[float] = None, share_with: Iterable[str] = (),
+            evict: bool = False, owner: Optional[str] = None) -> "Ref":
+        """Put `obj` and return a lazy Ref to it. `share_with`: user ids that may resolve it
+        besides its owner; `evict=True`: removed once resolved (a ref used once)."""
+        from skyfn.data.ref import Ref, RefInfo
+
+        owner = owner or context.current_user()
+        if not owner:
+            raise DataConfigError("a ref needs an owner: make refs inside a task, through an Executor, or pass "
+                                  "owner=<your user id> (Client().whoami())")
+        frames = codec.encode_frames(obj)
+        key = uuid.uuid4().hex
+        self.connector.put(key, frames, ttl=ttl)
+        expires = None if ttl is None else time.time() + ttl
+        cap = capability.sign(self.secret, self.name, key, owner, share_with, expires)
+        return Ref(RefInfo(self.name, self.connector.config(), key, cap, self.endpoint_id, codec.size_of(frames),
+                           evict))
+
+    def resolve(self, info) -> Any:
+        """The object a RefInfo points at, for the current user (cached per process)."""
+        try:
+            cap = capability.verify(self.secret, self.name, info.key, info.capability)
+        except ValueError as exc:
+            raise RefResolutionError(self.name, info.key, str(exc)) from None
+        user = context.current_user()
+        if not cap.allows(user):
+            raise RefAccessDenied(self.name, info.key, f"it belongs to {cap.owner} and is not shared with "
+                                  f"{user or 'an unknown user'}: ask its owner to share it "
+                                  "(store.ref(obj, share_with=[...]))")
+        ck = (self.name, info.key)
+        hit = cache.get(ck)
+        if hit is not None:
+            return hit[0]
+        data = self.connector.get(info.key)
+        if data is None:
+            raise RefResolutionError(self.name, info.key, "no such object: evicted by its owner, past its TTL, or "
+                                     "already used (a ref made with evict=True resolves once)")
+        obj = codec.decode(data)
+        if info.evict:
+            self.connector.evict(info.key)
+        else:
+            cache.put(ck, obj, info.size)
+        return obj
+
+    def close(self) -> None:
+        self.connector.close()
+        with _registry_lock:
+            if _registry.get(self.name) is self:
+                del _registry[self.name]
+
+
+def register_store(store: Store) -> None:
+    with _registry_lock:
+        _registry[store.name] = store
+
+
+def endpoint_stores() -> dict[str, Store]:
+    """The stores of the endpoint this process runs for (from SKYFN_DATA_STORES), registered."""
+    global _endpoint_loaded
+    path = os.environ.get(context.STORES_ENV)
+    if not path:
+        return {}
+    try:
+        mtime = os.stat(path).st_mtime
+    except FileNotFoundError:
+        return {}
+    with _registry_lock:
+        fresh = _endpoint_loaded != (path, mtime)
+    if fresh:
+        for store in load_stores_file(path):
+            register_store(store)
+        _endpoint_loaded = (path, mtime)
+    names = set(read_stores_file(path)["stores"])
+    with _registry_lock:
+        return {n: s for n, s in _registry.items() if n in names}
+
+
+def read_stores_file(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def load_stores_file(path: str) -> list[Store]:
+    """{"endpoint_id": ..., "default": name, "stores": {name: {"connector": {...}, "secret": hex}}}"""
+    doc = read_stores_file(path)
+    out = []
+    for name, spec in doc.get("stores", {}).items():
+        out.append(Store(name, from_config(spec["connector"]), secret=spec["secret"],
+                         endpoint_id=spec.get("endpoint_id", doc.get("endpoint_id")), register=False))
+    return out
+
+
+def write_stores_file(path: str, stores: dict[str, dict], default: Optional[str], endpoint_id: Optional[str]) -> None:
+    """Written 0600: it holds the stores' secrets."""
+    doc = {"endpoint_id": endpoint_id, "default": default, "stores": stores}
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f)
+    os.replace(tmp, path)
+
+
+def get_store(name: str) -> Optional[Store]:
+    with _registry_lock:
+        store = _registry.get(name)
+    if store is None:
+        store = endpoint_stores().get(name)
+    return store
+
+
+def default_store() -> Optional[Store]:
+    """The endpoint's default store (its config's `data: default:`), inside a task."""
+    path = os.environ.get(context.STORES_ENV)
+    if not path:
+        return None
+    stores = endpoint_stores()
+    name = read_stores_file(path).get("default")
+    return stores.get(name) if name else None
