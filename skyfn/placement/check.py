@@ -26,6 +26,7 @@ from skyfn.placement.loader import load_policy_file
 from skyfn.placement.model import PolicyError
 from skyfn.placement.scheduler import Scheduler
 from skyfn.placement.state import LiveState
+from skyfn.placement.yaml_errors import describe as describe_yaml_error
 
 
 @dataclass
@@ -43,9 +44,10 @@ def load_state(path: str) -> LiveState:
     except OSError as exc:
         raise ValueError(f"cannot read state file {p}: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark else ""
-        raise ValueError(f"state file {p}{where} is not valid YAML/JSON: {getattr(exc, 'problem', exc)}") from None
+        line, reason = describe_yaml_error(exc)
+        where = f":{line}" if line else ""
+        raise ValueError(f"state file {p}{where}: {reason.replace('not valid YAML', 'not valid YAML/JSON', 1)}") \
+            from None
     if raw is None:
         raise ValueError(f"state file {p} is empty: list workers as `workers: {{w1: {{capacity: 4}}}}`")
     return LiveState.from_mapping(raw, source=str(p))

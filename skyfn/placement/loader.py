@@ -10,7 +10,9 @@ Accepted shapes (the paper's notation and plain YAML both work):
       - workers: [w3]
       - followup: fail            # default | fail (also `followup:` beside `blocks:`)
 
-The top level may also be a list of one-key maps (`- divide: ...`). YAML reads a bare `*`
+The top level may also be a list of one-key maps (`- divide: ...`), where the paper's grammar
+(`tag ::= id: (- block)* [followup: default|fail]`) puts a tag's followup beside the tag in its
+list item (`- divide:` / `  - workers: *` / `  followup: fail`). YAML reads a bare `*`
 as an alias and `!heavy` as a type tag, so a line-preserving pre-pass quotes them first.
 Every problem is collected with its line, key and reason; any error rejects the policy
 (PolicyError), warnings (affinity on a tag the policy does not define) ride along.
@@ -28,6 +30,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from skyfn.placement.model import (
     DEFAULT_TAG, FOLLOWUPS, STRATEGIES, Block, Invalidate, Policy, PolicyError, Problem, TagPolicy,
 )
+from skyfn.placement.yaml_errors import describe as describe_yaml_error
 
 MAX_POLICY_BYTES = 256 << 10
 BLOCK_KEYS = ("workers", "strategy", "invalidate", "affinity")
@@ -72,6 +75,11 @@ def _prepass(text: str) -> str:
 
 def _line(node: Node) -> int:
     return node.start_mark.line + 1
+
+
+def _is_followup(name: str, value: Node) -> bool:
+    """A `followup: default|fail` entry among tags (a `followup:` holding blocks is a tag of that name)."""
+    return name == "followup" and isinstance(value, ScalarNode)
 
 
 def _suggest(word: str, choices) -> str:
@@ -122,14 +130,13 @@ class _Loader:
         try:
             root = yaml.compose(_prepass(text), Loader=yaml.SafeLoader)
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-            reason = getattr(exc, "problem", None) or str(exc)
-            raise PolicyError([Problem(mark.line + 1 if mark else None, "", f"not valid YAML: {reason}")],
-                              self.source) from None
+            line, reason = describe_yaml_error(exc)
+            raise PolicyError([Problem(line, "", reason)], self.source) from None
         if root is None:
             raise PolicyError([Problem(None, "", "empty policy: define at least one tag with its blocks")],
                               self.source)
         entries: list[tuple[str, Node, Node]] = []
+        beside: dict[str, tuple[Node, Node]] = {}  # tag -> (key, value) of the followup written beside it
         if isinstance(root, MappingNode):
             entries = self.pairs(root, "")
         elif isinstance(root, SequenceNode):
@@ -138,7 +145,22 @@ class _Loader:
                 if not isinstance(item, MappingNode):
                     self.err(item, "", "each list item must be `tag: [blocks]`")
                     continue
-                for name, k, v in self.pairs(item, ""):
+                here = self.pairs(item, "")
+                followups = [(k, v) for name, k, v in here if _is_followup(name, v)]
+                here = [(name, k, v) for name, k, v in here if not _is_followup(name, v)]
+                if followups:  # the paper's layout: `- tag:` then its blocks, then `followup:` beside the tag
+                    k = followups[0][0]
+                    if not here:
+                        self.err(k, "followup", "followup beside no tag: put it in the tag's own list item, "
+                                                "indented like the tag name (`- f_tag:` / `  - workers: ...` / "
+                                                "`  followup: fail`)")
+                    elif len(here) > 1:
+                        self.err(k, "followup", f"followup beside {len(here)} tags "
+                                                f"({', '.join(n for n, _, _ in here)}) in one list item: give "
+                                                "each tag its own `- tag:` item with its followup")
+                    else:
+                        beside[here[0][0]] = followups[0]
+                for name, k, v in here:
                     if name in seen:
                         self.err(k, name, f"tag defined twice (first on line {seen[name]})")
                         continue
@@ -148,10 +170,16 @@ class _Loader:
             self.err(root, "", "a policy maps tags to their blocks (`divide:` then `- workers: ...`)")
         tags: dict[str, TagPolicy] = {}
         for name, k, v in entries:
+            if _is_followup(name, v):  # top-level map: a followup that belongs to no tag
+                self.err(k, "followup", "followup at the top level belongs to no tag: put it after the tag's "
+                                        "last block (`  - followup: fail`), or write the policy as a list with "
+                                        "the followup beside its tag (`- f_tag:` / `  - workers: ...` / "
+                                        "`  followup: fail`)")
+                continue
             if not TAG_RE.match(name):
                 self.err(k, name, "a tag name is letters, digits, '_', '.', ':' or '-' (no leading '!')")
                 continue
-            tp = self.tag(name, k, v)
+            tp = self.tag(name, k, v, beside.get(name))
             if tp is not None:
                 tags[name] = tp
         if not entries and not self.errors:
@@ -162,7 +190,10 @@ class _Loader:
         return Policy(tags=tags, warnings=tuple(self.warnings), source=self.source, text=text)
 
     # --- one tag ---------------------------------------------------------------------
-    def tag(self, name: str, knode: Node, node: Node) -> Optional[TagPolicy]:
+    def tag(self, name: str, knode: Node, node: Node,
+            beside: Optional[tuple[Node, Node]] = None) -> Optional[TagPolicy]:
+        """One tag's blocks and followup; `beside` is a followup written next to the tag
+        in its list item (the paper's layout), as (key node, value node)."""
         followup, fnode = None, None
         block_nodes: list[Node] = []
         if isinstance(node, SequenceNode):
@@ -203,6 +234,12 @@ class _Loader:
                 followup, fnode = inner_followup[1], inner_followup[0]
             if b is not None:
                 blocks.append(b)
+        if beside is not None:
+            if fnode is not None:
+                self.err(beside[0], f"{name}.followup", f"followup given twice (also on line {_line(fnode)}): "
+                                                        "keep one")
+            else:
+                fnode, followup = beside
         if not block_nodes:
             self.err(node, name, "the tag has no blocks: give at least one `- workers: ...`")
         fu = "fail" if name == DEFAULT_TAG else "default"

@@ -127,7 +127,7 @@ def test_invalid_policy_lists_every_problem_with_line_and_key(files):
     (None, "cannot read state file"),
     ("", "is empty"),
     ("workers: {w1: {capacity: x}}", "worker 'w1': capacity must be a whole number >= 0"),
-    ("workers: [w1", "is not valid YAML/JSON"),
+    ("workers: [w1", "st.yaml:1: not valid YAML/JSON: the '[' opened on line 1 is never closed"),
 ])
 def test_bad_state_file(files, content, message):
     path = files / "st.yaml"

@@ -351,13 +351,15 @@ def test_not_a_policy(text, reason):
     assert any(reason in r for _, _, r in problems)
 
 
-def test_yaml_syntax_error_names_the_line():
+def test_yaml_syntax_error_names_the_line_where_the_bracket_was_opened():
     ((line, key, reason),) = rejected("""
         t:
           - workers: [a
           - strategy: any
         """)
-    assert line == 4 and reason.startswith("not valid YAML")
+    assert (line, key) == (3, "")
+    assert reason == ("not valid YAML: the '[' opened on line 3 is never closed (parsing stopped on line 4: "
+                      "expected ',' or ']', but got ':'): close it with ']' on line 3")
 
 
 def test_every_problem_is_reported_and_nothing_is_half_loaded():
