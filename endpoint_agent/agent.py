@@ -63,6 +63,7 @@ class Agent:
         self.outbox: Outbox | None = None
         self.link: ServiceLink | None = None
         self.heartbeater: Heartbeater | None = None
+        self.data = None  # endpoint_agent.data_plane.EndpointData when the config has a data section
         self._queues: list = []  # every queue opened, to hand a rotated credential to (Redis)
 
     # --- control ----------------------------------------------------------------
@@ -144,12 +145,14 @@ class Agent:
             url, token = resolve_service(self.config)
             self.link = ServiceLink(url, token)
             log.info("registering endpoint %r with %s", self.name, url)
-            reg = self.link.register(self.name, self.metadata(), stop=self._stop)
+            reg = self.link.register(self.name, self.metadata(), stop=self._stop, allowed=self.allowed_report())
             if reg.agent_credential:  # from now on the agent speaks as its endpoint (credential.py)
                 credential.save(self.paths.credential, reg.agent_credential)
                 self.link.use_token(reg.agent_credential)
                 self.link.token_source = self._fresh_credential
         self.endpoint_id = reg.endpoint_id
+        if self.link is not None and reg.agent_credential is None:
+            self._report_allowlist()
         if reg.aws_credentials:  # SQS: the endpoint's own session, refreshed through connect
             endpoint_id, link = reg.endpoint_id, self.link
             credential.use_aws_session(reg.aws_credentials,
@@ -159,6 +162,22 @@ class Agent:
         self.control_queue_desc = getattr(reg, "control_queue", None)
         log.info("registered as endpoint %s (task queue %s %s)", reg.endpoint_id, reg.task_queue.kind,
                  reg.task_queue.name)
+
+    def allowed_report(self) -> list[dict[str, str]] | None:
+        """The allowlist the service is told about (None: any function may run here)."""
+        entries = self.config.allowed_functions
+        return None if entries is None else [e.model_dump(exclude_none=True) for e in entries]
+
+    def _report_allowlist(self) -> None:
+        """Connected with a kept credential (no registration): tell the service the allowlist
+        now, before any task is received, rather than at the first heartbeat."""
+        from endpoint_agent.link import ServiceError
+
+        assert self.link is not None and self.endpoint_id is not None
+        try:
+            self.link.heartbeat(self.endpoint_id, self.stats(), self.allowed_report())
+        except (ServiceError, OSError, ValueError) as exc:  # the heartbeats report it again
+            log.warning("could not report the allowlist yet (%s); the heartbeats will", exc)
 
     def _connect_with_credential(self):
         """Connect as the endpoint with a credential kept from an earlier registration (or
@@ -267,6 +286,10 @@ class Agent:
             poll_queue, results_queue, ack_queue = self._open_queues()
         except InterruptedError:
             return 0
+        if cfg.data is not None:  # before the managers start: they inherit SKYFN_DATA_STORES
+            from endpoint_agent.data_plane import EndpointData
+
+            self.data = EndpointData(cfg.data, self.paths.dir, self.endpoint_id).start()
         self.outbox = Outbox(ack_queue, results_queue, cfg.lease_seconds)
         self.outbox.start()
         ix = self.interchange = Interchange(cfg, self.endpoint_id, self.outbox, key_dir=self.paths.dir / "curve")
@@ -285,7 +308,8 @@ class Agent:
             except Exception as exc:  # noqa: BLE001 - cancels then only stop queued tasks at the service
                 log.error("cannot open the control queue (%s): cancels will not reach running tasks", exc)
         if self.link is not None:
-            self.heartbeater = Heartbeater(self.link, self.endpoint_id, cfg.heartbeat_period, self.stats)
+            self.heartbeater = Heartbeater(self.link, self.endpoint_id, cfg.heartbeat_period, self.stats,
+                                           allowed=self.allowed_report())
             self.heartbeater.start()
         self.state = "running"
         log.info("endpoint %s running: %d workers, capacity %d tasks, consumer %s", self.endpoint_id,
@@ -350,6 +374,8 @@ class Agent:
         ix.flush()
 
     def _shutdown(self) -> None:
+        if self.data is not None:
+            self.data.stop()
         if self.poller is not None:
             self.poller.stop()
         if self.control_poller is not None:

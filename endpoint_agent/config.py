@@ -16,9 +16,13 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from endpoint_agent import allowlist
+
+from endpoint_agent.data_config import DataConfig
 from endpoint_agent.paths import EndpointPaths, skyfn_home
+from skyfn.protocol.allowlist import AllowedFunction
 from skyfn.protocol.api import QueueDescriptor
 from skyfn.protocol.messages import PACK_MAX_TASKS
 
@@ -68,6 +72,10 @@ ALLOWED: dict[str, str] = {
     "cores": "an integer from 1 to 65536",
     "accelerators": "a list of accelerator ids such as ['0', '1'], or 'auto' (CUDA_VISIBLE_DEVICES)",
     "placement_policy": "an aAPP policy (YAML text) choosing managers by function tag; see docs/placement.md",
+    "data": "a mapping (endpoint_agent.data_config: default, redis, stores, globus, direct): the endpoint's "
+            "data stores",
+    "allowed_functions": "a list of function ids (UUIDs) and {owner, name} mappings: the only functions that may "
+                         "run here (endpoint_agent/allowlist.py)",
 }
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "ip6-localhost")
@@ -117,6 +125,19 @@ class EndpointConfig(BaseModel):
     accelerators: Union[Literal["auto"], list[str]] = "auto"
     # aAPP policy text: the interchange places tasks on managers with it (endpoint_agent/placement.py)
     placement_policy: Optional[str] = Field(default=None, min_length=1, max_length=256 << 10)
+    # the endpoint's data stores (skyfn.data): its Redis, named stores, Globus, direct
+    data: Optional[DataConfig] = None
+    # the only functions that may run here (None: any); checked by the service and by the agent
+    allowed_functions: Optional[list[AllowedFunction]] = None
+
+    @field_validator("allowed_functions", mode="before")
+    @classmethod
+    def _allowlist(cls, value: Any) -> Any:
+        try:
+            return allowlist.parse_entries(value)
+        except allowlist.AllowlistError as exc:
+            where = f"entry {exc.index + 1}: " if exc.index is not None else ""
+            raise ValueError(where + exc.reason) from None
 
     @property
     def encrypted(self) -> bool:
@@ -190,6 +211,21 @@ class EndpointConfig(BaseModel):
         return self.task_queue is not None
 
 
+def _keys_at(loc: list[str]) -> list[str]:
+    """The keys allowed in the mapping at `loc` (a nested section's own keys, not the top level's)."""
+    model: Any = EndpointConfig
+    for part in loc:
+        field = getattr(model, "model_fields", {}).get(part)
+        inner = getattr(field, "annotation", None) if field else None
+        for candidate in getattr(inner, "__args__", (inner,)):
+            if hasattr(candidate, "model_fields"):
+                model = candidate
+                break
+        else:
+            return list(ALLOWED)
+    return list(model.model_fields) if model is not EndpointConfig else list(ALLOWED)
+
+
 def format_validation_error(exc: ValidationError, source: str) -> str:
     lines = [f"invalid endpoint configuration in {source}:"]
     for err in exc.errors():
@@ -197,7 +233,8 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
         key = ".".join(loc) or "(file)"
         top = loc[0] if loc else ""
         if err.get("type") == "extra_forbidden":
-            lines.append(f"  unknown key '{key}' (value {err.get('input')!r}); allowed keys: {', '.join(ALLOWED)}")
+            lines.append(f"  unknown key '{key}' (value {err.get('input')!r}); allowed keys: "
+                         f"{', '.join(_keys_at(loc[:-1]))}")
             continue
         allowed = ALLOWED.get(top, "see the template written by `skyfn-endpoint configure`")
         if not loc:
@@ -207,12 +244,17 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def parse_config(data: Any, source: str = "config") -> EndpointConfig:
+def parse_config(data: Any, source: str = "config", text: Optional[str] = None) -> EndpointConfig:
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"invalid endpoint configuration in {source}: expected a mapping of keys to values, "
                           f"got {type(data).__name__}")
+    if data.get(allowlist.KEY) is not None:  # first, so a bad entry is reported with its line
+        try:
+            data = {**data, allowlist.KEY: allowlist.parse_entries(data[allowlist.KEY])}
+        except allowlist.AllowlistError as exc:
+            raise ConfigError(allowlist.describe_error(exc, source, text)) from None
     try:
         return EndpointConfig.model_validate(data)
     except ValidationError as exc:
@@ -230,7 +272,7 @@ def load_config(path: Path) -> EndpointConfig:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{path}{where}: not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
-    return parse_config(data, str(path))
+    return parse_config(data, str(path), text)
 
 
 def template(name: str) -> str:
@@ -293,6 +335,24 @@ provider: local            # allowed: local, slurm, pbs
 # max_output_bytes: 65536          # captured stdout / stderr per task and stream, then truncated
 # cores: <CPU count>               # cores of this node shared out by tasks' resources (cores: n)
 # accelerators: auto               # GPU ids, e.g. ["0", "1"]; auto: from CUDA_VISIBLE_DEVICES
+
+# --- Which functions may run here ------------------------------------------------
+# allowed_functions:               # absent: any function its users may submit; a list: only these
+#   - 0f8fad5b-d9cb-469f-a165-70867728950e   # a function id (Client.register_function returns it)
+#   - {{owner: alice, name: simulate}}         # any function alice registered under this name
+
+# --- Data (skyfn.data: large arguments and results by reference) -------------------
+data:
+  default: redis                   # where the Executor puts large arguments of tasks sent here
+  redis:
+    start: auto                    # start redis-server beside the agent (auto: if installed); false: use
+                                   # an existing one (host, port and password_file then required)
+#   host: 127.0.0.1
+#   port: 0                        # 0: any free port
+#   password_file: <generated>     # a Redis store always has a password
+#   maxmemory: 4gb
+# stores:                          # more named stores: connector redis | file | s3 | globus | direct
+#   scratch: {{connector: file, directory: /shared/scratch/skyfn}}
 
 # log_level: INFO          # DEBUG, INFO, WARNING, ERROR
 """

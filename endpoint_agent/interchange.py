@@ -190,7 +190,7 @@ class Interchange:
         self.keys = itertools.count((int(time.time() * 1000) % (1 << 40)) << 20)
         self.pack_seq = itertools.count(1)
         self.tasks: dict[int, list] = {}
-        self.packs: dict[int, list] = {}          # seq -> [receipt, remaining]
+        self.packs: dict[int, list] = {}          # seq -> [receipt, remaining, owner]
         self.result_upload: dict | None = None    # presigned S3 form of the latest pack (large results)
         self.pending: dict[tuple, collections.deque] = {PLAIN: collections.deque()}
         self.n_pending = 0
@@ -228,6 +228,12 @@ class Interchange:
             from endpoint_agent.placement import ManagerPlacement, parse_policy
 
             self.placement = ManagerPlacement(parse_policy(config.placement_policy))
+        # allowed_functions: a task of any other function fails here, before anything of it is deserialized
+        self.gate = None
+        if config.allowed_functions is not None:
+            from endpoint_agent.allowlist import FunctionGate
+
+            self.gate = FunctionGate(config.allowed_functions, endpoint_id)
 
     # --- other threads ---------------------------------------------------------
     def deliver(self, batch: list[Delivery], n_tasks: int) -> None:
@@ -498,6 +504,7 @@ class Interchange:
         early = self.early_cancel
         keys = self.keys
         placed = self.placement is not None
+        gate = self.gate
         while handoff:
             receipt, pack, recv_ts = handoff.popleft()
             n = len(pack.tasks)
@@ -505,15 +512,28 @@ class Interchange:
             self.received_packs += 1
             self.received_tasks += n
             if pack.functions:
-                functions.update(pack.functions)
+                if gate is None:
+                    functions.update(pack.functions)
+                else:  # the bodies of refused functions are not even kept
+                    functions.update({fid: body for fid, body in pack.functions.items()
+                                      if gate.refuse(fid, pack.function_meta.get(fid)) is None})
             if pack.result_upload:  # where results too large to travel inline go (blob_results.py)
                 self.result_upload = pack.result_upload
             seq = next(self.pack_seq)
-            self.packs[seq] = [receipt, n]
+            self.packs[seq] = [receipt, n, pack.owner]  # the owner: whose refs the tasks may resolve
             if not n:
                 self._pack_done(seq)
                 continue
             for spec in pack.tasks:
+                if gate is not None:
+                    why = gate.refuse(spec.function_id, pack.function_meta.get(spec.function_id))
+                    if why is not None:
+                        if spec.function_id not in gate.logged:  # once per function, not per task
+                            gate.logged.add(spec.function_id)
+                            log.warning("task %s refused: %s", spec.task_id, why)
+                        self._add_result({"task_id": spec.task_id, "state": "FAILED", "reason": why,
+                                          "events": [["DISPATCHED", recv_ts]]}, seq)
+                        continue
                 if spec.function_id not in functions:
                     self._add_result(
                         {"task_id": spec.task_id, "state": "FAILED", "events": [["DISPATCHED", recv_ts]],
@@ -751,12 +771,14 @@ class Interchange:
         ctype = None if route[0] == wire.NO_CONTAINER else route[0]
         cores, gpus = route[1], route[2]
         ident = m.identity
+        packs = self.packs
         while dq and len(batch) < n:
             key = dq.popleft()
             t = tasks.get(key)
             if t is None:
                 continue  # cancelled while pending
-            batch.append((key, t[T_FN], t[T_PAYLOAD], t[T_WALL], ctype, cores, gpus))
+            pack = packs.get(t[T_PACK])
+            batch.append((key, t[T_FN], t[T_PAYLOAD], t[T_WALL], ctype, cores, gpus, pack[2] if pack else None))
             fids.add(t[T_FN])
             t[T_MGR] = ident
         if not batch:

@@ -2,7 +2,8 @@
 
 POST /endpoints {name, metadata} -> EndpointRegistered (endpoint_id and the task and
 results QueueDescriptors). POST /endpoints/{id}/heartbeat {"stats": {...}} every
-heartbeat_period. A service that is down is retried with exponential backoff; the agent
+heartbeat_period. Both carry the endpoint's allowlist (`allowed_functions`, None: any
+function), so the service refuses other functions at submission. A service that is down is retried with exponential backoff; the agent
 keeps running tasks meanwhile (the queues do not need the service). A 4xx answer to
 registration is not retried: the token or the name is wrong, and the message says so.
 """
@@ -56,10 +57,11 @@ class ServiceLink:
         resp.raise_for_status()
         return resp.json()
 
-    def register(self, name: str, metadata: dict[str, Any], stop: threading.Event | None = None) -> EndpointRegistered:
+    def register(self, name: str, metadata: dict[str, Any], stop: threading.Event | None = None,
+                 allowed: list[dict[str, str]] | None = None) -> EndpointRegistered:
         """Register (idempotent on the service side: same name, same endpoint), retrying
         while the service is unreachable or answers 5xx, until `stop` is set."""
-        body = RegisterEndpoint(name=name, metadata=metadata).model_dump_json()
+        body = RegisterEndpoint(name=name, metadata=metadata, allowed_functions=allowed).model_dump_json()
         delay = BACKOFF_START_S
         while True:
             try:
@@ -95,8 +97,10 @@ class ServiceLink:
                 time.sleep(delay)
             delay = min(BACKOFF_MAX_S, delay * 2)
 
-    def heartbeat(self, endpoint_id: str, stats: dict[str, Any]) -> dict[str, Any]:
-        return self._post(f"/endpoints/{endpoint_id}/heartbeat", Heartbeat(stats=stats).model_dump_json())
+    def heartbeat(self, endpoint_id: str, stats: dict[str, Any], allowed: Any = ...) -> dict[str, Any]:
+        """`allowed`: the allowlist to report (None: any function); not given: not reported."""
+        body = Heartbeat(stats=stats) if allowed is ... else Heartbeat(stats=stats, allowed_functions=allowed)
+        return self._post(f"/endpoints/{endpoint_id}/heartbeat", body.model_dump_json(exclude_unset=True))
 
     def close(self) -> None:
         self.session.close()
@@ -106,8 +110,10 @@ class Heartbeater(threading.Thread):
     """Sends a heartbeat every `period` seconds; on failure retries sooner, with
     backoff capped at the period, and logs once per outage rather than per attempt."""
 
-    def __init__(self, link: ServiceLink, endpoint_id: str, period: float, stats: Callable[[], dict[str, Any]]):
+    def __init__(self, link: ServiceLink, endpoint_id: str, period: float, stats: Callable[[], dict[str, Any]],
+                 allowed: Any = ...):
         super().__init__(name="skyfn-heartbeat", daemon=True)
+        self.allowed = allowed  # the allowlist reported with each heartbeat (... : none reported)
         self.link = link
         self.endpoint_id = endpoint_id
         self.period = period
@@ -122,7 +128,7 @@ class Heartbeater(threading.Thread):
         down_since: float | None = None
         while not self._halt.wait(wait):
             try:
-                self.link.heartbeat(self.endpoint_id, self.stats())
+                self.link.heartbeat(self.endpoint_id, self.stats(), self.allowed)
                 self.sent += 1
                 if down_since is not None:
                     log.info("service reachable again after %.0f s", time.monotonic() - down_since)

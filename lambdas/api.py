@@ -178,12 +178,15 @@ def get_endpoint(endpoint_id: IdPath):
 
 @app.post("/endpoints/<endpoint_id>/heartbeat", responses={**_ok(200, EndpointInfo), **_errors(401, 404, 422)})
 def heartbeat(endpoint_id: IdPath, body: Annotated[Heartbeat, Body()]):
+    allowed = body.allowed_functions if "allowed_functions" in body.model_fields_set else ...
     return _json(200, registry.heartbeat(_user(), endpoint_id, body.stats,
-                                         agent_endpoint=app.context["identity"].endpoint_id).model_dump())
+                                         agent_endpoint=app.context["identity"].endpoint_id,
+                                         allowed=allowed).model_dump())
 
 
 # --- tasks -------------------------------------------------------------------------
-@app.post("/tasks", responses={**_ok(202, Submitted), **_ok(200, Submitted), **_errors(401, 404, 409, 413, 422)})
+@app.post("/tasks", responses={**_ok(202, Submitted), **_ok(200, Submitted),
+                                **_errors(401, 403, 404, 409, 413, 422)})
 def submit_tasks(body: Annotated[SubmitTasks, Body()]):
     answer, replayed = tasks.submit(_user(), body)
     metrics.add_metric(name="TasksSubmitted", unit=MetricUnit.Count, value=0 if replayed else len(body.tasks))
@@ -218,7 +221,7 @@ def get_endpoint_group(group_id: IdPath):
 
 # --- workflows (Step Functions; docs/workflows.md) ------------------------------------
 @app.post("/batches", responses={**_ok(202, BatchSubmitted), **_ok(200, BatchSubmitted),
-                                 **_errors(401, 404, 409, 413, 422, 503)})
+                                 **_errors(401, 403, 404, 409, 413, 422, 503)})
 def submit_batch(body: Annotated[SubmitBatch, Body()]):
     answer, replayed = batches.submit(_user(), body)
     metrics.add_metric(name="BatchTasksSubmitted", unit=MetricUnit.Count, value=0 if replayed else len(body.payloads))
@@ -230,12 +233,12 @@ def batch_status(batch_id: IdPath):
     return _json(200, batches.status(_user(), batch_id))
 
 
-@app.post("/flows", responses={**_ok(202, RunStarted), **_errors(401, 404, 422, 503)})
+@app.post("/flows", responses={**_ok(202, RunStarted), **_errors(401, 403, 404, 422, 503)})
 def run_flow(body: Annotated[RunFlow, Body()]):
     return _json(202, flows.run_flow(_user(), body))
 
 
-@app.post("/spmd-groups", responses={**_ok(202, RunStarted), **_errors(401, 404, 422, 503)})
+@app.post("/spmd-groups", responses={**_ok(202, RunStarted), **_errors(401, 403, 404, 422, 503)})
 def run_group(body: Annotated[RunGroup, Body()]):
     return _json(202, flows.run_group(_user(), body))
 

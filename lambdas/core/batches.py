@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from lambdas.adapters import aws
-from lambdas.core import deps, idempotency, registry, runs, steps, tasks
+from lambdas.core import allowlist, deps, idempotency, registry, runs, steps, tasks
 from lambdas.core.errors import Conflict, NotFound
 from lambdas.core.ids import new_id, new_ids
 from lambdas.workflows.config import workflow_settings
@@ -91,7 +91,8 @@ def _submit(owner: str, req: SubmitBatch) -> dict[str, Any]:
     machine = ws.need("batch_fanout_arn", "the batch-fanout state machine")
     bucket = ws.need("bucket", "the payload bucket")
     registry.check_endpoint(owner, req.endpoint_id)
-    registry.function_bodies(owner, {req.function_id})  # NotFound for unknown or foreign functions
+    fns = registry.function_bodies(owner, {req.function_id})  # NotFound for unknown or foreign functions
+    allowlist.enforce([(req.endpoint_id, req.function_id)], fns)  # the endpoint's allowed_functions (403)
     batch_id = new_id()
     task_ids = new_ids(len(req.payloads))
     prefix = f"batches/{batch_id}"

@@ -12,7 +12,7 @@ import hashlib
 from typing import Any
 
 from lambdas.adapters import aws
-from lambdas.core import registry, runs
+from lambdas.core import allowlist, registry, runs
 from lambdas.core.errors import ServiceError
 from lambdas.workflows.config import workflow_settings
 from skyfn.protocol.flowspec import FlowError, MapNode, ParallelNode, SequenceNode, StepNode, compile_json
@@ -48,7 +48,8 @@ def run_flow(owner: str, req: RunFlow) -> dict[str, Any]:
     steps = _steps(req.flow.root)
     for ep in {s.endpoint_id for s in steps}:
         registry.check_endpoint(owner, ep)
-    registry.function_bodies(owner, {s.function_id for s in steps})
+    fns = registry.function_bodies(owner, {s.function_id for s in steps})
+    allowlist.enforce([(s.endpoint_id, s.function_id) for s in steps], fns)  # allowed_functions (403)
     try:
         definition = compile_json(req.flow, owner, fn_arn)
     except FlowError as exc:
@@ -62,7 +63,8 @@ def run_flow(owner: str, req: RunFlow) -> dict[str, Any]:
 def run_group(owner: str, req: RunGroup) -> dict[str, Any]:
     machine = workflow_settings().need("spmd_group_arn", "the spmd-group state machine")
     registry.check_endpoint(owner, req.endpoint_id)
-    registry.function_bodies(owner, {req.function_id})
+    fns = registry.function_bodies(owner, {req.function_id})
+    allowlist.enforce([(req.endpoint_id, req.function_id)], fns)
     run_id, arn = runs.start(owner, "group", machine, {
         "owner": owner, "function_id": req.function_id, "endpoint_id": req.endpoint_id,
         "world_size": req.world_size, "kwargs": req.kwargs, "max_retries": req.max_retries,

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from lambdas.config import settings
-from lambdas.core import access, deps
+from lambdas.core import access, allowlist, deps
 from lambdas.core.errors import NotFound
 from lambdas.core.ids import is_uuid, new_id
 from skyfn.protocol.api import EndpointInfo, FunctionInfo, RegisterEndpoint, RegisterFunction
@@ -20,10 +20,13 @@ def _dec(raw: dict[bytes, bytes]) -> dict[str, str]:
 
 # --- functions ------------------------------------------------------------------
 class FunctionBody(NamedTuple):
-    """What the hot path needs of a function: its code, its container, its memo default."""
+    """What the hot path needs of a function: its code, its container, its memo default,
+    and its owner and name (endpoint allowlists of owner and name entries)."""
     body: str
     container: str | None
     memoize: bool
+    owner: str | None = None
+    name: str | None = None
 
 
 def register_function(owner: str, body: RegisterFunction) -> str:
@@ -60,11 +63,12 @@ def function_bodies(owner: str, function_ids: set[str]) -> dict[str, FunctionBod
                 raise NotFound(f"function {fid} not found: register it first (Client.register_function)")
             _cache_function(item)
             o, b = item["owner"].encode(), item["body"].encode()
-            meta = orjson.dumps({"container": item.get("container"), "memoize": item.get("memoize")})
+            meta = orjson.dumps({"container": item.get("container"), "memoize": item.get("memoize"),
+                                 "name": item.get("name")})
         if o.decode() != owner and not access.allows("function", fid, o.decode(), owner):
             raise NotFound(f"function {fid} not found: register it first (Client.register_function)")
         m = orjson.loads(meta or b"{}")
-        out[fid] = FunctionBody(b.decode(), m.get("container"), bool(m.get("memoize")))
+        out[fid] = FunctionBody(b.decode(), m.get("container"), bool(m.get("memoize")), o.decode(), m.get("name"))
     return out
 
 
@@ -98,13 +102,26 @@ def register_endpoint(owner: str, body: RegisterEndpoint) -> tuple[EndpointInfo,
         item = {"endpoint_id": endpoint_id, "owner": owner, "name": body.name,
                 "created": float(known["c"]) if known else time.time(),
                 "metadata": orjson.dumps(body.metadata).decode()}
+        _set_allowlist(item, body)
         db.put_endpoint(item)
-    elif body.metadata:
-        item["metadata"] = orjson.dumps(body.metadata).decode()
+    elif body.metadata or "allowed_functions" in body.model_fields_set:
+        if body.metadata:
+            item["metadata"] = orjson.dumps(body.metadata).decode()
+        _set_allowlist(item, body)
         db.put_endpoint(item)
     _cache_endpoint(item)
     deps.task_queue(endpoint_id)  # make sure the queue exists before the agent polls it
     return endpoint_info(owner, endpoint_id), created
+
+
+def _set_allowlist(item: dict[str, Any], body: RegisterEndpoint) -> None:
+    """The agent's allowed_functions, when its registration states them (null: any function)."""
+    if "allowed_functions" in body.model_fields_set:
+        encoded = allowlist.encode(body.allowed_functions)
+        if encoded is None:
+            item.pop(allowlist.ITEM_FIELD, None)
+        else:
+            item[allowlist.ITEM_FIELD] = encoded
 
 
 def _cache_endpoint(item: dict[str, Any]) -> None:
@@ -112,6 +129,10 @@ def _cache_endpoint(item: dict[str, Any]) -> None:
     pipe.hset(f"ep:{item['endpoint_id']}", mapping={
         "o": item["owner"], "name": item["name"], "c": str(item["created"]), "meta": item.get("metadata") or "{}",
     })
+    if item.get(allowlist.ITEM_FIELD) is not None:  # the endpoint's allowlist (lambdas/core/allowlist.py)
+        pipe.hset(f"ep:{item['endpoint_id']}", allowlist.FIELD, item[allowlist.ITEM_FIELD])
+    else:
+        pipe.hdel(f"ep:{item['endpoint_id']}", allowlist.FIELD)
     pipe.set(f"epname:{item['owner']}:{item['name']}", item["endpoint_id"])
     pipe.sadd(f"eps:{item['owner']}", item["endpoint_id"])
     pipe.execute()
@@ -154,8 +175,10 @@ def list_endpoints(owner: str) -> list[EndpointInfo]:
     return sorted(infos, key=lambda e: e.created)
 
 
-def heartbeat(owner: str, endpoint_id: str, stats: dict[str, Any], agent_endpoint: str | None = None) -> EndpointInfo:
-    """From the endpoint's agent (its credential: `agent_endpoint`) or a user with 'manage'."""
+def heartbeat(owner: str, endpoint_id: str, stats: dict[str, Any], agent_endpoint: str | None = None,
+              allowed: Any = ...) -> EndpointInfo:
+    """From the endpoint's agent (its credential: `agent_endpoint`) or a user with 'manage'.
+    `allowed`: the agent's allowlist as it stands (None: any function; ...: not reported)."""
     rec = _endpoint_record(endpoint_id)
     if rec is None:
         raise NotFound(f"endpoint {endpoint_id} not found: list yours with Client.list_endpoints()")
@@ -170,6 +193,8 @@ def heartbeat(owner: str, endpoint_id: str, stats: dict[str, Any], agent_endpoin
                        f"endpoint {endpoint_id} (list yours with Client.list_endpoints())")
     deps.redis_client().hset(f"ep:{endpoint_id}", mapping={"hb": f"{time.time():.6f}", "st": "online",
                                                             "stats": orjson.dumps(stats)})
+    if allowed is not ...:
+        allowlist.update(endpoint_id, allowed)
     return endpoint_info(owner, endpoint_id)
 
 

@@ -14,7 +14,7 @@ import orjson
 
 from aws_lambda_powertools import Logger
 
-from lambdas.core import blobs, deps, groups, idempotency, memo, registry
+from lambdas.core import allowlist, blobs, deps, groups, idempotency, memo, push, registry
 from lambdas.core.errors import Conflict, NotFound, Unavailable
 from lambdas.core.ids import is_uuid, keyed_ids, new_id, new_ids
 from skyfn.protocol.api import SubmitTasks, TaskInfo, TaskStatus
@@ -57,6 +57,8 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> 
     containers = {fid: f.container for fid, f in functions.items()}
     # each task's endpoint: its own or the batch's, or one its endpoint group's policy picks
     routing = groups.route(owner, req, containers)
+    # endpoints that list their allowed functions refuse the others (403), before anything is stored
+    allowlist.enforce(zip(routing.endpoints, (t.function_id for t in tasks)), functions)
     store = deps.store()
     memo_keys = memo.keys(req, functions)
     cached = memo.hits(store, owner, memo_keys)  # answered from the cache: never queued
@@ -79,7 +81,8 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> 
                      tag, memo_keys[i]])
 
     if hit_rows:
-        store.create_memo_hits(owner, submission_id, hit_rows, created)
+        _, notices = store.create_memo_hits_notify(owner, submission_id, hit_rows, created)
+        push.notify(notices, {r[0]: ("SUCCEEDED", r[3], None, None) for r in hit_rows})
     if key:  # perhaps a retry of an attempt that stored its tasks and then failed
         rows, by_endpoint = _not_yet_queued(store, rows, by_endpoint, task_ids)
     queued = time.time()
@@ -92,7 +95,8 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> 
     try:
         for ep, indices in by_endpoint.items():
             queue, _ = deps.task_queue(ep)
-            queue.send(list(_packs(ep, indices, task_ids, tasks, bodies, containers, routing.tags)))
+            queue.send(list(_packs(ep, indices, task_ids, tasks, bodies, containers, routing.tags, functions,
+                                    owner=owner)))
             sent.update(task_ids[i] for i in indices)
     except Exception as exc:
         if not key:  # nobody can retry these: fail them; with a key the retry sends them
@@ -127,8 +131,10 @@ def _not_yet_queued(store, rows, by_endpoint, task_ids):
     return rows, by_endpoint
 
 
-def _packs(endpoint_id, indices, task_ids, tasks, bodies, containers, tags=None):
-    """Yield encoded TaskPacks of at most PACK_MAX_TASKS tasks / ~PACK_MAX_BYTES."""
+def _packs(endpoint_id, indices, task_ids, tasks, bodies, containers, tags=None, functions=None, owner=None):
+    """Yield encoded TaskPacks of at most PACK_MAX_TASKS tasks / ~PACK_MAX_BYTES.
+    `functions` (registry.FunctionBody by id) gives each pack its functions' owners and
+    names, which endpoint allowlists of owner and name entries are checked against."""
     batch: list[dict[str, Any]] = []
     fns: dict[str, str] = {}
     size = 0
@@ -149,18 +155,24 @@ def _packs(endpoint_id, indices, task_ids, tasks, bodies, containers, tags=None)
             spec["payload_url"] = blobs.payload_url(t.payload)
         cost = len(t.payload) + 120 + (len(bodies[t.function_id]) if t.function_id not in fns else 0)
         if batch and (len(batch) >= PACK_MAX_TASKS or size + cost > PACK_MAX_BYTES):
-            yield _pack(endpoint_id, batch, fns)
+            yield _pack(endpoint_id, batch, fns, functions, owner)
             batch, fns, size = [], {}, 0
             cost = len(t.payload) + 120 + len(bodies[t.function_id])
         fns.setdefault(t.function_id, bodies[t.function_id])
         batch.append(spec)
         size += cost
     if batch:
-        yield _pack(endpoint_id, batch, fns)
+        yield _pack(endpoint_id, batch, fns, functions, owner)
 
 
-def _pack(endpoint_id: str, tasks: list[dict[str, Any]], fns: dict[str, str]) -> bytes:
+def _pack(endpoint_id: str, tasks: list[dict[str, Any]], fns: dict[str, str], functions=None,
+          owner: str | None = None) -> bytes:
     pack = {"pack_id": new_id(), "endpoint_id": endpoint_id, "functions": fns, "tasks": tasks}
+    if owner:  # whose tasks these are: data refs are resolved for this user (skyfn.data.capability)
+        pack["owner"] = owner
+    if functions:
+        pack["function_meta"] = {fid: {"owner": functions[fid].owner, "name": functions[fid].name}
+                                 for fid in fns if fid in functions}
     upload = blobs.result_upload(endpoint_id)  # where the agent puts results too large to travel inline
     if upload:
         pack["result_upload"] = upload

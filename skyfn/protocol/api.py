@@ -9,6 +9,8 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, WithJsonSchema
 
+from skyfn.protocol.allowlist import MAX_ALLOWED_FUNCTIONS, AllowedFunction
+
 MAX_BATCH = 20_000          # tasks in one POST /tasks
 MAX_STATUS_IDS = 20_000     # ids in one POST /tasks/status
 MAX_WAIT_SECONDS = 20.0     # long-poll ceiling, under API Gateway's 29 s
@@ -70,6 +72,10 @@ class QueueDescriptor(BaseModel):
 class RegisterEndpoint(_Body):
     name: str = Field(pattern=NAME_PATTERN)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    allowed_functions: Optional[list[AllowedFunction]] = Field(
+        default=None, max_length=MAX_ALLOWED_FUNCTIONS,
+        description="the agent's allowlist (config.yaml): only these functions may be submitted to the endpoint; "
+                    "null: any. Left as it was when the key is absent.")
 
 
 class EndpointInfo(BaseModel):
@@ -100,6 +106,9 @@ class EndpointList(BaseModel):
 
 class Heartbeat(_Body):
     stats: dict[str, Any] = Field(default_factory=dict)
+    allowed_functions: Optional[list[AllowedFunction]] = Field(
+        default=None, max_length=MAX_ALLOWED_FUNCTIONS,
+        description="the agent's allowlist as it stands (null: any function); left as it was when absent")
 
 
 class Resources(_Body):

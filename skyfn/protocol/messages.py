@@ -37,7 +37,12 @@ class TaskPack(_Msg):
     pack_id: str
     endpoint_id: str
     functions: dict[str, str] = Field(default_factory=dict, description="function_id -> serialized body")
+    function_meta: dict[str, dict[str, Optional[str]]] = Field(
+        default_factory=dict, description="function_id -> {owner, name}: what endpoint allowlists of owner and "
+                                          "name entries are checked against (skyfn.protocol.allowlist)")
     tasks: list[TaskSpec]
+    owner: Optional[str] = Field(default=None, description="the user who submitted these tasks (what data refs' "
+                                                           "capabilities are checked against, skyfn.data)")
     result_upload: Optional[dict] = Field(default=None, description="presigned S3 POST for large results of "
                                                                     "this endpoint (skyfn.protocol.blobs)")
 
