@@ -8,8 +8,12 @@ Used by the tests and benchmarks, and usable as a fallback by the Python communi
     s.close()                        # BYE
     sock = client.relay("host:port", group, token, my_rank, peer_rank)   # spliced socket
 
+    lst = client.listen("host:port", name, token)   # an object server's LISTEN connection
+    group, tok = lst.next_call(timeout=15)          # INCOMING: join group as rank 0 (PING sent meanwhile)
+    group, tok = client.call("host:port", name, token)   # CALLED: join group as rank 1
+
 `join_async` is the asyncio counterpart (many peers from one thread). Server errors
-raise RendezvousError with the wire code (bad_token, rank_taken, timeout, ...).
+raise RendezvousError with the wire code (bad_token, rank_taken, timeout, no_listener, ...).
 """
 from __future__ import annotations
 
@@ -226,6 +230,93 @@ def relay(address: Address, group: str, token: str, my_rank: int, peer_rank: int
     except BaseException:
         sock.close()
         raise
+
+
+# ---- LISTEN / CALL ---------------------------------------------------------------------------
+
+class Listener:
+    """A LISTEN connection: holds `name` at the server and receives one INCOMING per call.
+
+    One thread uses it: `next_call` waits for the next call and sends a PING whenever
+    `ping_interval` seconds pass without one (so the server and NATs keep the connection);
+    a server silent for `3 * ping_interval` after a PING counts as lost ("closed")."""
+
+    def __init__(self, sock: socket.socket, reader: _LineSocket, name: str, ping_interval: float):
+        self.sock, self._reader, self.name = sock, reader, name
+        self.ping_interval = ping_interval
+        self._next_ping = time.monotonic() + ping_interval
+        self._unanswered: Optional[float] = None    # when the oldest unanswered PING was sent
+
+    def next_call(self, timeout: Optional[float] = None) -> Optional[Tuple[str, str]]:
+        """(group, token) of the next call, or None when `timeout` passed without one."""
+        deadline = _deadline(timeout)
+        while True:
+            now = time.monotonic()
+            if now >= self._next_ping:
+                self.sock.sendall(b"PING\n")
+                if self._unanswered is None:
+                    self._unanswered = now
+                self._next_ping = now + self.ping_interval
+            if self._unanswered is not None and now - self._unanswered > 3 * self.ping_interval:
+                raise RendezvousError("closed", f"the rendezvous server did not answer PING for "
+                                                f"{now - self._unanswered:.0f} s")
+            wake = self._next_ping if deadline is None else min(self._next_ping, deadline)
+            try:
+                line = self._reader.readline(wake)
+            except RendezvousError as exc:
+                if exc.code != P.TIMEOUT:
+                    raise
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+                continue
+            verb = line.split(b" ", 1)[0]
+            if verb == b"PONG":
+                self._unanswered = None
+                continue
+            group, token = _expect(line, "INCOMING")
+            return group, token
+
+    def close(self) -> None:
+        try:
+            self.sock.sendall(b"BYE\n")
+        except OSError:
+            pass
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def listen(address: Address, name: str, token: str, timeout: Optional[float] = 30.0,
+           ping_interval: float = 15.0) -> Listener:
+    """LISTEN under `name` (token: make_token(secret, name)); returns after LISTENING."""
+    deadline = _deadline(timeout)
+    sock = _connect(address, timeout, None)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.sendall(f"LISTEN {name} {token}\n".encode())
+        reader = _LineSocket(sock)
+        _expect(reader.readline(deadline), "LISTENING")
+        sock.settimeout(None)
+        return Listener(sock, reader, name, ping_interval)
+    except BaseException:
+        sock.close()
+        raise
+
+
+def call(address: Address, name: str, token: str, timeout: Optional[float] = 30.0) -> Tuple[str, str]:
+    """CALL the listener of `name`: (group, token) of a fresh 2-rank group to join as rank 1."""
+    deadline = _deadline(timeout)
+    sock = _connect(address, timeout, None)
+    try:
+        sock.sendall(f"CALL {name} {token}\n".encode())
+        group, group_token = _expect(_LineSocket(sock).readline(deadline), "CALLED")
+        return group, group_token
+    finally:
+        sock.close()
 
 
 # ---- asyncio -------------------------------------------------------------------------------

@@ -2,6 +2,9 @@
 
 Peers send JOIN / RELAY (first line of a connection), then BARRIER / RESULT / BYE.
 The server answers WELCOME, PEERS + PEER lines, BARRIER_OK, RELAYED or ERROR.
+Object servers (the data plane's direct connector) hold a LISTEN <name> connection (then
+PING / BYE; the server answers LISTENING, PONG and INCOMING <group> <token> per call); a
+consumer's CALL <name> is answered CALLED <group> <token>, a fresh 2-rank group both join.
 `parse_peer_line` validates one line from a peer and raises ProtocolError with the wire
 error code; `parse_server_line` is the client-side counterpart.
 """
@@ -26,6 +29,11 @@ GROUP_FULL = "group_full"
 TIMEOUT = "timeout"
 PEER_LOST = "peer_lost"
 BUSY = "busy"
+NAME_TAKEN = "name_taken"
+NO_LISTENER = "no_listener"
+
+# Listener names: group ids short enough that "<name>@<16 hex digits>" is still a group id.
+MAX_NAME = 110
 
 
 class ProtocolError(Exception):
@@ -64,7 +72,21 @@ class Bye(NamedTuple):
     pass
 
 
-PeerMessage = Union[Join, Relay, Barrier, Result, Bye]
+class Listen(NamedTuple):
+    name: str
+    token: str         # a group token for <name>
+
+
+class Call(NamedTuple):
+    name: str
+    token: str         # a group token for <name>
+
+
+class Ping(NamedTuple):
+    pass
+
+
+PeerMessage = Union[Join, Relay, Barrier, Result, Bye, Listen, Call, Ping]
 
 
 def _int(text: str, what: str, lo: int, hi: int) -> int:
@@ -81,6 +103,13 @@ def _int(text: str, what: str, lo: int, hi: int) -> int:
 def _group(text: str) -> str:
     if not GROUP_RE.fullmatch(text):
         raise ProtocolError(MALFORMED, f"group id is invalid ({len(text)} characters): use 1-128 "
+                                       "characters of A-Z a-z 0-9 . _ : @ -")
+    return text
+
+
+def _name(text: str) -> str:
+    if len(text) > MAX_NAME or not GROUP_RE.fullmatch(text):
+        raise ProtocolError(MALFORMED, f"listener name is invalid ({len(text)} characters): use 1-{MAX_NAME} "
                                        "characters of A-Z a-z 0-9 . _ : @ -")
     return text
 
@@ -126,8 +155,17 @@ def parse_peer_line(raw: bytes) -> PeerMessage:
         if n != 1:
             raise ProtocolError(MALFORMED, "expected 'BYE'")
         return Bye()
+    if verb == "LISTEN" or verb == "CALL":
+        if n != 3:
+            raise ProtocolError(MALFORMED, f"expected '{verb} <name> <token>'")
+        return (Listen if verb == "LISTEN" else Call)(_name(fields[1]), fields[2])
+    if verb == "PING":
+        if n != 1:
+            raise ProtocolError(MALFORMED, "expected 'PING'")
+        return Ping()
     shown = repr(verb) if len(verb) <= 12 else f"of {len(verb)} characters"
-    raise ProtocolError(MALFORMED, f"unknown command {shown}: expected JOIN, RELAY, BARRIER, RESULT or BYE")
+    raise ProtocolError(MALFORMED, f"unknown command {shown}: expected JOIN, RELAY, BARRIER, RESULT, BYE, "
+                                   "LISTEN, CALL or PING")
 
 
 # ---- server -> peer -------------------------------------------------------------------
@@ -148,6 +186,21 @@ def barrier_ok(epoch: int) -> bytes:
 
 
 RELAYED = b"RELAYED\n"
+PONG = b"PONG\n"
+
+
+def listening(name: str) -> bytes:
+    return b"LISTENING %s\n" % name.encode()
+
+
+def incoming(group: str, token: str) -> bytes:
+    """To a listener: a consumer called; join <group> as rank 0 with <token>."""
+    return b"INCOMING %s %s\n" % (group.encode(), token.encode())
+
+
+def called(group: str, token: str) -> bytes:
+    """To a caller: join <group> as rank 1 with <token>; the listener joins as rank 0."""
+    return b"CALLED %s %s\n" % (group.encode(), token.encode())
 
 
 def error(code: str, reason: str) -> bytes:

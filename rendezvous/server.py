@@ -4,19 +4,25 @@ One asyncio Protocol instance per TCP connection (no streams: a pairing is a han
 short lines, and per-connection overhead is what limits pairings per second). Everything
 runs on one event loop, so rank assignment is atomic by construction. docs/comm.md is the
 wire contract; a protocol error closes only the connection that made it.
+
+Object servers (skyfn's direct data connector) stay reachable behind their NAT through a
+LISTEN connection held under a name; a consumer's CALL of that name makes a fresh 2-rank
+group (rank 0 the listener, rank 1 the caller, tokens minted here) that both then JOIN and
+punch like any other group, relay fallback included.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+import secrets
 import socket
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple, Union
 
 from . import protocol as P
 from . import splice
-from .tokens import TokenError, verify_token
+from .tokens import TokenError, make_token, verify_token
 
 log = logging.getLogger("rendezvous")
 
@@ -42,6 +48,7 @@ class Limits:
     join_timeout_s: float = 60.0          # a group, or a relay half, waits this long for its peers
     first_line_timeout_s: float = 10.0    # for the JOIN or RELAY line of a new connection
     zero_copy_relay: bool = True          # splice(2) relays where the platform has it; else Python forwarding
+    listen_idle_timeout_s: float = 90.0   # a LISTEN connection silent this long (no PING) is closed
 
 
 class Group:
@@ -79,7 +86,7 @@ class Connection(asyncio.Protocol):
     """One peer connection: control (JOIN ...) or relay (RELAY ...), chosen by its first line."""
 
     __slots__ = ("server", "transport", "address", "buf", "group", "rank", "relay_key", "partner",
-                 "timer", "closed", "paused", "eof", "barriers")
+                 "timer", "closed", "paused", "eof", "barriers", "listen_name")
 
     def __init__(self, server: "RendezvousServer"):
         self.server = server
@@ -95,6 +102,7 @@ class Connection(asyncio.Protocol):
         self.paused = False
         self.eof = False
         self.barriers = 0             # outstanding BARRIER requests
+        self.listen_name: Optional[str] = None   # a LISTEN connection: the name it holds
 
     # ---- asyncio callbacks ----------------------------------------------------------
 
@@ -180,6 +188,8 @@ class Connection(asyncio.Protocol):
             if srv.relays.get(self.relay_key) is self:
                 del srv.relays[self.relay_key]
             return
+        if self.listen_name is not None:
+            srv.unlisten(self)
         if self.group is not None:
             srv.leave(self)
 
@@ -226,6 +236,8 @@ class Connection(asyncio.Protocol):
             self.server.leave(self)
         elif self.relay_key is not None and self.server.relays.get(self.relay_key) is self:
             del self.server.relays[self.relay_key]
+        elif self.listen_name is not None:
+            self.server.unlisten(self)
 
     def _first_line_timeout(self):
         self.timer = None
@@ -238,13 +250,25 @@ class Connection(asyncio.Protocol):
             self.fail(exc.code, exc.reason)
             return
         kind = type(msg)
+        if self.listen_name is not None:
+            if kind is P.Ping:
+                self.server.ping(self)
+            elif kind is P.Bye:
+                self.drop()
+            else:
+                self.fail(P.MALFORMED, f"{kind.__name__.upper()} after LISTEN: a listener sends only PING or BYE")
+            return
         if self.group is None:
             if kind is P.Join:
                 self.server.join(self, msg)
             elif kind is P.Relay:
                 self.server.relay(self, msg)
+            elif kind is P.Listen:
+                self.server.listen(self, msg)
+            elif kind is P.Call:
+                self.server.call(self, msg)
             else:
-                self.fail(P.MALFORMED, "the first line must be JOIN or RELAY")
+                self.fail(P.MALFORMED, "the first line must be JOIN or RELAY (LISTEN or CALL for object servers)")
             return
         if kind is P.Barrier:
             self.server.barrier(self, msg.epoch)
@@ -269,13 +293,15 @@ class RendezvousServer:
         self.limits = limits or Limits()
         self.groups: Dict[str, Group] = {}
         self.relays: Dict[Tuple[str, int, int], Connection] = {}
+        self.listeners: Dict[str, Connection] = {}
         self.open_connections: set = set()   # lingering ones included (stop() closes them)
         self.filling = 0              # groups not complete yet (complete ones are bounded by connections)
         self.spliced_sockets = 0
         self._pairs: set = set()
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self._server: Optional[asyncio.base_events.Server] = None
-        self.stats = {"joins": 0, "groups_completed": 0, "relays_spliced": 0, "errors": 0}
+        self.stats = {"joins": 0, "groups_completed": 0, "relays_spliced": 0, "errors": 0, "listens": 0,
+                      "calls": 0}
 
     @property
     def connections(self) -> int:
@@ -493,3 +519,61 @@ class RendezvousServer:
         group, me, peer = conn.relay_key
         conn.fail(P.TIMEOUT, f"rank {peer} of group {group} did not open its relay to rank {me} within "
                              f"{self.limits.join_timeout_s:g} s")
+
+    # ---- LISTEN / CALL (object servers behind NATs) -------------------------------------
+
+    def listen(self, conn: Connection, msg: P.Listen) -> None:
+        """Hold `msg.name` for this connection until it closes, says BYE or stays silent."""
+        if not self._admit(conn, msg.name, msg.token):
+            return
+        held = self.listeners.get(msg.name)
+        if held is not None and not held.closed:
+            conn.fail(P.NAME_TAKEN, f"an object server already listens as {msg.name} (from {held.address[0]}); "
+                                    "stop it or pick another name (a silent listener is dropped after "
+                                    f"{self.limits.listen_idle_timeout_s:g} s)")
+            return
+        conn.listen_name = msg.name
+        self.listeners[msg.name] = conn
+        self.stats["listens"] += 1
+        log.info("listen %s from %s:%d", msg.name, conn.address[0], conn.address[1])
+        conn.send(P.listening(msg.name))
+        self._arm_idle(conn)
+
+    def _arm_idle(self, conn: Connection) -> None:
+        if conn.timer is not None:
+            conn.timer.cancel()
+        conn.timer = self.loop.call_later(self.limits.listen_idle_timeout_s, self._listen_timeout, conn)
+
+    def _listen_timeout(self, conn: Connection) -> None:
+        conn.timer = None
+        conn.fail(P.TIMEOUT, f"listener {conn.listen_name} sent no PING within "
+                             f"{self.limits.listen_idle_timeout_s:g} s")
+
+    def ping(self, conn: Connection) -> None:
+        self._arm_idle(conn)
+        conn.send(P.PONG)
+
+    def unlisten(self, conn: Connection) -> None:
+        if self.listeners.get(conn.listen_name) is conn:
+            del self.listeners[conn.listen_name]
+            log.info("listener %s closed", conn.listen_name)
+
+    def call(self, conn: Connection, msg: P.Call) -> None:
+        """A fresh 2-rank group for the caller and the listener of `msg.name`: both are told
+        its id and a token for it (the listener INCOMING, the caller CALLED), then this
+        connection closes; the two JOIN it (listener rank 0, caller rank 1)."""
+        if not self._admit(conn, msg.name, msg.token):
+            return
+        listener = self.listeners.get(msg.name)
+        if listener is None or listener.closed:
+            conn.fail(P.NO_LISTENER, f"no object server listens as {msg.name}: start it (python -m "
+                                     "endpoint_agent.object_server, or `data: direct:` in the endpoint's "
+                                     "config) or check the name")
+            return
+        group = f"{msg.name}@{secrets.token_hex(8)}"
+        token = make_token(self._secret, group, ttl_s=self.limits.join_timeout_s + 300)
+        self.stats["calls"] += 1
+        log.info("call %s from %s:%d: group %s", msg.name, conn.address[0], conn.address[1], group)
+        listener.send(P.incoming(group, token))
+        conn.send(P.called(group, token))
+        conn.drop(linger=True)

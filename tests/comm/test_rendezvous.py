@@ -221,7 +221,8 @@ def test_malformed_lines_get_an_error_and_close(server, gid, payload, code, frag
 def test_error_survives_a_peer_that_keeps_sending(server):
     """The server half-closes and drains after ERROR, so no reset destroys the ERROR line."""
     got = raw_exchange((server.host, server.port), b"HELLO\n" + b"junk\n" * 400_000)
-    assert got == b"ERROR malformed unknown command 'HELLO': expected JOIN, RELAY, BARRIER, RESULT or BYE\n"
+    assert got == (b"ERROR malformed unknown command 'HELLO': expected JOIN, RELAY, BARRIER, RESULT, BYE, LISTEN, "
+                   b"CALL or PING\n")
 
 
 def test_many_lines_in_one_read_are_all_handled(server, gid):
