@@ -1,6 +1,6 @@
 """What the stacks deploy from this checkout, prepared without Docker:
 
-- the function code: lambdas/, skyfn/__init__.py, skyfn/protocol/, stepfunctions/ and the
+- the function code: lambdas/, skyfn/__init__.py, skyfn/protocol/, skyfn/data/, stepfunctions/ and the
   packages workflow steps declare (catalog `packages`), copied into build/aws/function;
 - the dependency layer: the handlers' third-party imports (LAYER_PACKAGES, at the versions
   requirements.txt pins) installed as Linux/arm64 wheels by pip. This is CDK *local*
@@ -29,9 +29,10 @@ from stepfunctions.catalog import STEPS
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "build" / "aws"
-# The handlers import lambdas/, skyfn.protocol and stepfunctions/; workflow steps may need
+# The handlers import lambdas/, skyfn.protocol, skyfn.data (its S3 connector presigns the
+# payload bucket) and stepfunctions/; workflow steps may need
 # more of this repository (stepfunctions.catalog LambdaStep.packages, e.g. rendezvous).
-FUNCTION_SOURCES = ("lambdas", "skyfn/__init__.py", "skyfn/protocol", "stepfunctions",
+FUNCTION_SOURCES = ("lambdas", "skyfn/__init__.py", "skyfn/protocol", "skyfn/data", "stepfunctions",
                     *sorted({p for step in STEPS.values() for p in step.packages}))
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", ".pytest_cache")
 

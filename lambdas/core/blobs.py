@@ -11,6 +11,8 @@ presigned with the service's own credentials; clients and agents hold none.
   references are accepted only at their own task's key under that endpoint's prefix;
 - references are turned into presigned GET URLs when handed to the agent (payload) or to
   the submitter (result).
+Presigning goes through skyfn.data.connectors.s3.S3Connector, the one S3 implementation
+(the bytes themselves move through the same module's presigned mode, skyfn.protocol.blobs).
 """
 from __future__ import annotations
 
@@ -47,13 +49,17 @@ def enabled() -> bool:
     return bool(settings().bucket)
 
 
-@functools.lru_cache(maxsize=1)
-def _s3():
-    """Signature version 4 for forms and URLs (what every AWS region accepts)."""
-    import boto3
-    from botocore.config import Config
+@functools.lru_cache(maxsize=4)
+def _connector(bucket: str):
+    """The payload bucket through skyfn's one S3 implementation (skyfn.data.connectors.s3),
+    keys at the bucket's root (args/..., results/...); it presigns with signature v4."""
+    from skyfn.data.connectors.s3 import S3Connector
 
-    return boto3.client("s3", config=Config(signature_version="s3v4", retries={"max_attempts": 5, "mode": "standard"}))
+    return S3Connector(bucket, prefix="")
+
+
+def _s3():
+    return _connector(settings().bucket)
 
 
 def namespace(user: str) -> str:
@@ -65,8 +71,7 @@ def create_upload(user: str, size: int) -> dict[str, Any]:
         raise BlobsDisabled(f"this deployment keeps no large data (SKYFN_BUCKET is not set): send at most "
                             f"{blobs.INLINE_BYTES} bytes inline, or ask its operator")
     key = f"args/{namespace(user)}/{uuid.uuid4()}"
-    form = _s3().generate_presigned_post(settings().bucket, key, Conditions=[["content-length-range", 1, size]],
-                                         ExpiresIn=UPLOAD_SECONDS)
+    form = _s3().presign_upload(key, size, UPLOAD_SECONDS)
     return {"key": key, "url": form["url"], "fields": form["fields"], "max_bytes": size,
             "expires": time.time() + UPLOAD_SECONDS}
 
@@ -88,8 +93,7 @@ def check_payloads(user: str, tasks: list) -> None:
 def payload_url(payload: str) -> Optional[str]:
     if not blobs.is_ref(payload):
         return None
-    return _s3().generate_presigned_url("get_object", Params={"Bucket": settings().bucket,
-                                                              "Key": blobs.target(payload)}, ExpiresIn=GET_SECONDS)
+    return _s3().presign_download(blobs.target(payload), GET_SECONDS)
 
 
 _forms: dict[str, tuple[float, dict]] = {}
@@ -106,10 +110,7 @@ def result_upload(endpoint_id: str) -> Optional[dict]:
         if cached and now - cached[0] < FORM_REUSE_SECONDS:
             return cached[1]
     prefix = f"results/{endpoint_id}/"
-    form = _s3().generate_presigned_post(settings().bucket, prefix + "${filename}",
-                                         Conditions=[["starts-with", "$key", prefix],
-                                                     ["content-length-range", 1, blobs.MAX_BLOB_BYTES]],
-                                         ExpiresIn=RESULT_FORM_SECONDS)
+    form = _s3().presign_prefix_upload(prefix, blobs.MAX_BLOB_BYTES, RESULT_FORM_SECONDS)
     form = {"url": form["url"], "fields": form["fields"], "prefix": prefix}
     with _forms_lock:
         _forms[endpoint_id] = (now, form)
@@ -130,5 +131,4 @@ def bad_result(endpoint_id: str, task_id: str, result: Optional[str]) -> Optiona
 def result_url(result: Optional[str]) -> Optional[str]:
     if not blobs.is_ref(result) or not enabled():
         return None
-    return _s3().generate_presigned_url("get_object", Params={"Bucket": settings().bucket,
-                                                              "Key": blobs.target(result)}, ExpiresIn=UPLOAD_SECONDS)
+    return _s3().presign_download(blobs.target(result), UPLOAD_SECONDS)

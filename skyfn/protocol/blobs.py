@@ -13,8 +13,10 @@ URL when it is handed to whoever must read it. Nobody but the service signs anyt
   reference; the service accepts only the key of that task under that endpoint's prefix
   and hands the submitter a presigned GET URL with the status (TaskStatus.result_url).
 
-These helpers move the bytes (plain HTTPS, no AWS credentials needed on either side);
-they import nothing heavy, workers use them. The API bodies are in skyfn.protocol.security.
+The bytes move through skyfn.data.connectors.s3 (its presigned mode: plain HTTPS, no AWS
+credentials needed on either side, nothing heavy imported), the one S3 implementation of
+skyfn; the service presigns with the same module's S3Connector (lambdas/core/blobs.py).
+Workers use these helpers. The API bodies are in skyfn.protocol.security.
 """
 from __future__ import annotations
 
@@ -41,21 +43,12 @@ def target(buffer: str) -> str:
 def upload(form: dict, data: bytes, key: Optional[str] = None, timeout: float = TIMEOUT) -> str:
     """POST `data` with a presigned form (url, fields); returns the key it was stored at.
     A form for a prefix (fields key '<prefix>/${filename}') stores at `key`."""
-    import requests
+    from skyfn.data.connectors import s3
 
-    fields = dict(form["fields"])
-    if key is not None:
-        fields["key"] = key
-    resp = requests.post(form["url"], data=fields, files={"file": ("blob", data)}, timeout=timeout)
-    if resp.status_code >= 300:
-        raise OSError(f"upload to S3 refused with {resp.status_code}: {resp.text[:300]}")
-    return fields["key"]
+    return s3.upload_with_form(form, data, key=key, timeout=timeout)
 
 
 def download(url: str, timeout: float = TIMEOUT) -> str:
-    import requests
+    from skyfn.data.connectors import s3
 
-    resp = requests.get(url, timeout=timeout)
-    if resp.status_code != 200:
-        raise OSError(f"download from S3 refused with {resp.status_code}: {resp.text[:300]}")
-    return resp.content.decode("utf-8")
+    return s3.download_url(url, timeout=timeout).decode("utf-8")
