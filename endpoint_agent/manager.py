@@ -76,6 +76,11 @@ def accelerators_from_env() -> list[str]:
     return [a.strip() for a in raw.split(",") if a.strip()]
 
 
+def _owner(task) -> str | None:
+    """The submitting user of an interchange task tuple (its 8th field; absent from older agents)."""
+    return task[7] if len(task) > 7 else None
+
+
 class SimplePool:
     """The manager's warm-pool choice for a chunk-based worker pool: reuse an idle worker of
     the type; else turn the least recently used idle worker of another type into one, types
@@ -429,7 +434,7 @@ class Manager:
         self.n_backlog += 1
 
     def _wire_task(self, task: list, env: dict | None = None) -> list:
-        return [task[0], task[1], task[2], task[3], env]
+        return [task[0], task[1], task[2], task[3], env, _owner(task)]
 
     def dispatch(self) -> None:
         if not self.n_backlog:
@@ -548,7 +553,7 @@ class Manager:
     def send_chunk(self, w: WorkerProc, dq: collections.deque, size: int) -> None:
         chunk = [dq.popleft() for _ in range(min(size, len(dq)))]
         self.n_backlog -= len(chunk)
-        self._send(w, chunk, [[t[0], t[1], t[2], t[3], None] for t in chunk])
+        self._send(w, chunk, [[t[0], t[1], t[2], t[3], None, _owner(t)] for t in chunk])
 
     def _send(self, w: WorkerProc, chunk: list, wire_tasks: list) -> None:
         fids = {t[1] for t in chunk} - w.known

@@ -26,6 +26,7 @@ import zmq
 from endpoint_agent import wire
 from endpoint_agent.procutil import die_with_parent
 from endpoint_agent.slots import Slots
+from skyfn.data.context import set_task
 from skyfn.protocol import blobs
 from skyfn.protocol.remote_exception import wrap_exception
 from skyfn.protocol.serialize import deserialize, serialize, unpack_args
@@ -206,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                 cache.add(msg["f"])
             out: list = []
             last_send = now()
-            for key, function_id, payload, _walltime, env in msg["t"]:
+            for key, function_id, payload, _walltime, env, *rest in msg["t"]:
+                set_task(rest[0] if rest else None)  # whose refs this task may resolve (skyfn.data)
                 started += 1
                 saved = None
                 if env:

@@ -13,6 +13,7 @@ from typing import Optional
 _task_owner: Optional[str] = None
 _task_id: Optional[str] = None
 _sdk_user: Optional[str] = None
+_user_provider = None  # asked once, when a ref is resolved outside a task before set_user
 
 STORES_ENV = "SKYFN_DATA_STORES"      # path of the endpoint's stores file (JSON, mode 0600)
 ENDPOINT_ENV = "SKYFN_ENDPOINT_ID"
@@ -30,8 +31,22 @@ def set_user(user: Optional[str]) -> None:
     _sdk_user = user
 
 
+def set_user_provider(provider) -> None:
+    """A function returning the SDK's user (e.g. Client.whoami), asked only when needed
+    (ignored once the user is known)."""
+    global _user_provider
+    if _sdk_user is None:
+        _user_provider = provider
+
+
 def current_user() -> Optional[str]:
-    return _task_owner if _task_owner is not None else _sdk_user
+    global _sdk_user, _user_provider
+    if _task_owner is not None:
+        return _task_owner
+    if _sdk_user is None and _user_provider is not None:
+        provider, _user_provider = _user_provider, None
+        _sdk_user = provider()
+    return _sdk_user
 
 
 def current_task() -> Optional[str]:

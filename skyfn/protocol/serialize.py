@@ -103,7 +103,8 @@ class PickleStrategy(Strategy):
     name = "pickle"
 
     def dumps(self, obj: Any) -> bytes:
-        if isinstance(obj, (types.FunctionType, types.LambdaType, type)):
+        # type(), not isinstance(): isinstance asks obj.__class__, which resolves a lazy data ref
+        if issubclass(type(obj), (types.FunctionType, types.LambdaType, type)):
             raise SerializationError("code goes through the code strategies")
         data = pickle.dumps(obj, protocol=5)
         if b"__main__" in data:

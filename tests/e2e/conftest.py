@@ -18,6 +18,7 @@ def local_home(tmp_path_factory):
     cfg.mkdir(parents=True)
     (cfg / "config.yaml").write_text(yaml.safe_dump({
         "workers": 2, "lease_seconds": 4, "heartbeat_period": 1, "grace_period": 5,
+        "data": {"default": "redis", "redis": {"start": True}},  # skyfn.data: the endpoint's own Redis
     }))
     old = os.environ.get("SKYFN_HOME")
     os.environ["SKYFN_HOME"] = str(home)

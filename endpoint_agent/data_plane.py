@@ -1,0 +1,165 @@
+"""The endpoint's data stores at run time: start its Redis, publish its stores to workers.
+
+When the config has a `data:` section (endpoint_agent.data_config) the agent, once it
+knows its endpoint id:
+- starts a redis-server beside itself (`redis: start: true`, or `auto` when the binary is
+  installed) with a generated password in a 0600 config file -- never on a command line --
+  or uses the Redis the config names;
+- writes the stores file (`<endpoint dir>/data/stores.json`, 0600: it holds the stores'
+  secret) and points SKYFN_DATA_STORES at it, so managers and workers (which inherit the
+  agent's environment) know the endpoint's stores: `skyfn.data.get_redis_client()`,
+  `default_store()` and refs of these stores resolve there;
+- stops the Redis it started when the agent stops.
+
+Store names are qualified with the endpoint id (`redis@<endpoint id>`): refs made on two
+endpoints never name each other's store.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Optional
+
+from endpoint_agent.data_config import DataConfig
+from skyfn.data import context
+from skyfn.data.store import write_stores_file
+
+log = logging.getLogger("skyfn.agent.data")
+
+REDIS_START_TIMEOUT_S = 15.0
+
+
+def qualified(name: str, endpoint_id: str) -> str:
+    return f"{name}@{endpoint_id}"
+
+
+def _secret_file(path: Path, nbytes: int = 32) -> str:
+    """A hex secret kept in `path` (0600), made on first use."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        value = secrets.token_hex(nbytes)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(value)
+        return value
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class EndpointData:
+    """The running data plane of one endpoint (see the module docstring)."""
+
+    def __init__(self, config: DataConfig, endpoint_dir: Path, endpoint_id: str):
+        self.config = config
+        self.dir = Path(endpoint_dir) / "data"
+        self.endpoint_id = endpoint_id
+        self.redis_proc: Optional[subprocess.Popen] = None
+        self.redis_port: Optional[int] = None
+        self.stores_file = self.dir / "stores.json"
+
+    def start(self) -> "EndpointData":
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        secret = _secret_file(self.dir / "secret")
+        stores: dict[str, dict] = {}
+        rcfg = self.config.redis
+        if rcfg is not None:
+            connector = self._redis(rcfg)
+            if connector is not None:
+                stores[qualified("redis", self.endpoint_id)] = {"connector": connector, "secret": secret}
+        for name, spec in self.config.stores.items():
+            conn = {k: v for k, v in spec.items() if k != "connector"}
+            stores[qualified(name, self.endpoint_id)] = {"connector": {"kind": spec["connector"], **conn},
+                                                         "secret": secret}
+        default = self.config.default or ("redis" if qualified("redis", self.endpoint_id) in stores else None)
+        write_stores_file(str(self.stores_file), stores,
+                          qualified(default, self.endpoint_id) if default else None, self.endpoint_id)
+        os.environ[context.STORES_ENV] = str(self.stores_file)
+        os.environ[context.ENDPOINT_ENV] = self.endpoint_id
+        log.info("data stores: %s (default %s)", ", ".join(stores) or "none", default or "none")
+        return self
+
+    def _redis(self, rcfg) -> Optional[dict]:
+        start = rcfg.start
+        binary = shutil.which("redis-server")
+        if start == "auto":
+            start = binary is not None
+            if not start:
+                log.info("data.redis: redis-server is not installed here, so no Redis store (install it, or set "
+                         "data.redis.start: false with the host, port and password_file of an existing Redis)")
+                return None
+        password_file = os.path.expanduser(rcfg.password_file) if rcfg.password_file else None
+        if start:
+            if binary is None:
+                raise RuntimeError("data.redis.start is true but redis-server is not on PATH: install it "
+                                   "(apt-get install redis-server) or point data.redis at an existing Redis")
+            if password_file is None:
+                password_file = str(self.dir / "redis.password")
+                _secret_file(Path(password_file), 24)
+            self._start_redis(binary, rcfg, password_file)
+            port = self.redis_port
+        else:
+            port = rcfg.port
+        conn = {"kind": "redis", "host": rcfg.host, "port": port, "db": rcfg.db, "password_file": password_file,
+                "chunk_bytes": rcfg.chunk_bytes}
+        if rcfg.username:
+            conn["username"] = rcfg.username
+        if rcfg.tls:
+            conn["ssl"] = True
+            if rcfg.tls_ca_certs:
+                conn["ssl_ca_certs"] = rcfg.tls_ca_certs
+        return conn
+
+    def _start_redis(self, binary: str, rcfg, password_file: str) -> None:
+        port = rcfg.port or _free_port(rcfg.host)
+        with open(password_file) as f:
+            password = f.read().strip()
+        conf = self.dir / "redis.conf"
+        lines = [f"port {port}", f"bind {rcfg.host}", f"requirepass {password}", 'save ""', "appendonly no",
+                 f"dir {self.dir}", "protected-mode yes", f"logfile {self.dir / 'redis.log'}",
+                 "maxmemory-policy noeviction"]
+        if rcfg.maxmemory:
+            lines.append(f"maxmemory {rcfg.maxmemory}")
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        self.redis_proc = subprocess.Popen([binary, str(conf)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL, start_new_session=True)
+        self.redis_port = port
+        import redis
+
+        client = redis.Redis(host=rcfg.host, port=port, password=password, socket_timeout=2)
+        deadline = time.monotonic() + REDIS_START_TIMEOUT_S
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.RedisError:
+                if self.redis_proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"the endpoint's redis-server did not start on {rcfg.host}:{port} "
+                                       f"(see {self.dir / 'redis.log'})") from None
+                time.sleep(0.05)
+        client.close()
+        log.info("started redis-server for the endpoint's data on %s:%d (pid %d)", rcfg.host, port,
+                 self.redis_proc.pid)
+
+    def stop(self) -> None:
+        proc, self.redis_proc = self.redis_proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
