@@ -142,7 +142,9 @@ class Store:
         hit = cache.get(ck)
         if hit is not None:
             return hit[0]
-        data = self.connector.get(info.key)
+        # Connectors that check the capability where the bytes are served (direct) get the ref and user.
+        get_for = getattr(self.connector, "get_for", None)
+        data = get_for(info, user) if get_for is not None else self.connector.get(info.key)
         if data is None:
             raise RefResolutionError(self.name, info.key, "no such object: evicted by its owner, past its TTL, or "
                                      "already used (a ref made with evict=True resolves once)")
