@@ -10,7 +10,7 @@ from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, pro
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from lambdas.core import blobs, deps
+from lambdas.core import blobs, deps, push
 from skyfn.protocol.messages import ResultPack
 from skyfn.protocol.states import format_events
 
@@ -33,7 +33,10 @@ def apply_pack(pack: ResultPack) -> tuple[int, int, int]:
         if refused:
             row[1:5] = ["FAILED", None, None, refused]
     # only tasks routed to the pack's endpoint: an agent answers for its own tasks alone
-    return store.finish(rows, pack.endpoint_id)
+    stored, dup, unknown, notices = store.finish_notify(rows, pack.endpoint_id)
+    # tell the submitters' WebSocket connections, small results inside (DESIGN.md 2, step 7)
+    push.notify(notices, {row[0]: (row[1], row[2], row[3], row[4]) for row in rows})
+    return stored, dup, unknown
 
 
 def record_handler(record: SQSRecord) -> None:

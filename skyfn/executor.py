@@ -12,8 +12,11 @@ Threading model
        oldest was queued; ``map`` flushes at once), each request with its own idempotency
        key so a retried request creates nothing twice;
     2. sends DELETE /tasks/{id} for futures cancelled by the user;
-    3. long-polls POST /tasks/status for all outstanding task ids with ``wait`` (the
-       service answers as soon as any is final) and resolves futures as results arrive.
+    3. gets results: pushed over the service's WebSocket API when it has one (``push``,
+       the default; skyfn/executor_push.py: the thread waits on the socket and a wake-up
+       pipe with one ``select``), else, and whenever the connection is down, by
+       long-polling POST /tasks/status for all outstanding task ids with ``wait`` (the
+       service answers as soon as any is final); futures resolve as results arrive.
   It never sleeps between polls (the server's long poll paces it); it backs off only
   after errors. The progress bar, if any, is driven from this thread only.
 * Futures are never left hanging: a submission that fails after the transport's retries,
@@ -45,6 +48,31 @@ _QUIET = 0.0003
 _IDLE_EXIT = 10.0
 # Long-poll wait while the user is still submitting, so new work is not held up long.
 _BUSY_WAIT = 0.05
+
+
+def _argument_refs(client: Client, data_store: Any, endpoint_name: Optional[str], threshold: int,
+                   evict_refs: bool):
+    """The Executor's ArgumentRefs (skyfn.data.autoref), or None when arguments stay inline."""
+    if data_store is None or data_store is False:
+        return None
+    from skyfn.data import context
+    from skyfn.data.autoref import ArgumentRefs, local_endpoint_store
+    from skyfn.data.store import get_store
+
+    if isinstance(data_store, str) and data_store == "auto":
+        store = local_endpoint_store(endpoint_name) if endpoint_name else None
+    elif isinstance(data_store, str):
+        store = get_store(data_store)
+        if store is None:
+            raise ValueError(f"data_store {data_store!r} is not a store known in this process: create it with "
+                             "skyfn.data.Store(name, connector, secret=...) first, or pass the Store itself")
+    else:
+        store = data_store
+    if store is None:
+        return None
+
+    context.set_user_provider(client.whoami)  # result refs resolve in this process as this user
+    return ArgumentRefs(store, lambda: context.current_user() or client.whoami(), threshold, evict_refs)
 
 
 class SkyfnFuture(Future):
@@ -92,6 +120,10 @@ class Executor(_BaseExecutor):
         walltime: Optional[float] = None,
         group: Optional[str] = None,
         memoize: Optional[bool] = None,
+        push: bool = True,
+        data_store: Any = "auto",
+        ref_threshold: int = 1 << 20,
+        evict_refs: bool = False,
     ):
         self._own_client = client is None
         self.client = client if client is not None else Client()
@@ -110,6 +142,12 @@ class Executor(_BaseExecutor):
         # cache (no dispatch); False runs them all; None: each function's own setting.
         self.memoize = memoize
         self._progress = progress
+        # Arguments above ref_threshold bytes travel as refs (skyfn.data): on data_store (a
+        # Store or its name), or with "auto" the endpoint's default store when its agent runs
+        # on this machine; None/False: inline or through the service's S3 path as before.
+        # Refs made here are evicted when their tasks finish; evict_refs: the user's too.
+        self._arg_refs = _argument_refs(self.client, data_store, endpoint if not (endpoint_id or group) else None,
+                                        ref_threshold, evict_refs)
 
         self._cv = threading.Condition(threading.RLock())
         self._queue: list[tuple[SkyfnFuture, str, str]] = []  # (future, function_id, payload)
@@ -127,14 +165,38 @@ class Executor(_BaseExecutor):
         self._fn_ids: dict[Any, str] = {}
         self._bar = None
         self._broken: Optional[BaseException] = None
+        # results push (skyfn/executor_push.py); the wake-up pipe interrupts its select
+        self._idle_exit = _IDLE_EXIT
+        self._selecting = False
+        self._wake_r, self._wake_w = (-1, -1)
+        self._pushed = None
+        if push:
+            import os
+
+            from skyfn.executor_push import PushedResults
+            from skyfn.push import ws_url
+
+            self._wake_r, self._wake_w = os.pipe()
+            os.set_blocking(self._wake_r, False)
+            os.set_blocking(self._wake_w, False)
+            self._pushed = PushedResults(self, os.environ.get("SKYFN_WS_URL") or ws_url(self.client.service_url),
+                                         self.client.config.token)
 
     # -- public API -----------------------------------------------------------------
     def submit(self, fn: Union[Callable[..., Any], str], /, *args: Any, **kwargs: Any) -> SkyfnFuture:
         """Schedule ``fn(*args, **kwargs)`` on the endpoint; ``fn`` may also be a function id."""
         fid = self._function_id(fn)
         fut = SkyfnFuture()
-        self._enqueue([(fut, fid, pack_args(args, kwargs))], flush=False)
+        self._enqueue([(fut, fid, self._pack(fut, args, kwargs))], flush=False)
         return fut
+
+    def _pack(self, fut: SkyfnFuture, args: tuple, kwargs: dict) -> str:
+        refs = self._arg_refs
+        if refs is None:
+            return pack_args(args, kwargs)
+        payload, made = refs.pack(args, kwargs)
+        refs.track(fut, made)
+        return payload
 
     def map(
         self, fn: Union[Callable[..., Any], str], *iterables: Iterable[Any], timeout: Optional[float] = None, chunksize: int = 1
@@ -148,7 +210,7 @@ class Executor(_BaseExecutor):
         pending: list[tuple[SkyfnFuture, str, str]] = []
         for args in zip(*iterables):
             fut = SkyfnFuture()
-            pending.append((fut, fid, pack_args(args, {})))
+            pending.append((fut, fid, self._pack(fut, args, {})))
             fs.append(fut)
             if len(pending) >= self.batch_size:
                 self._enqueue(pending, flush=True)
@@ -186,11 +248,18 @@ class Executor(_BaseExecutor):
                 for fut in self._inflight + list(self._outstanding.values()):
                     fut.cancel()  # submitted: -> _request_cancel; in flight: seen by _send_batch
             self._cv.notify_all()
+            self._wake()
             thread = self._thread
         if wait:
             if thread is not None:
                 thread.join()
             self._close_client()
+            if self._wake_r >= 0:
+                import os
+
+                for fd in (self._wake_r, self._wake_w):
+                    os.close(fd)
+                self._wake_r = self._wake_w = -1
 
     @property
     def outstanding(self) -> int:
@@ -230,12 +299,29 @@ class Executor(_BaseExecutor):
                 self._thread = threading.Thread(target=self._run, name="skyfn-executor", daemon=True)
                 self._thread.start()
             self._cv.notify_all()
+            self._wake()
+
+    def _wake(self) -> None:
+        """Interrupt the thread's select on the push socket (call with _cv held)."""
+        if self._selecting:
+            try:
+                import os
+
+                os.write(self._wake_w, b"x")
+            except (BlockingIOError, OSError):
+                pass
+
+    @property
+    def push_stats(self) -> dict:
+        """Counters of the results push (connects, disconnects, pushes, gaps, ...); {} without it."""
+        return dict(self._pushed.stats, connected=self._pushed.connected) if self._pushed is not None else {}
 
     def _request_cancel(self, task_id: str) -> None:
         with self._cv:
             if task_id in self._outstanding:
                 self._to_cancel.add(task_id)
                 self._cv.notify_all()
+                self._wake()
 
     # -- background thread ----------------------------------------------------------
     def _run(self) -> None:
@@ -266,6 +352,8 @@ class Executor(_BaseExecutor):
                             continue
                         if self._outstanding:
                             break
+                        if self._pushed is not None and self._pushed.connected and not self._shutdown:
+                            break  # wait on the push socket (it closes itself when idle)
                         self._update_bar(idle=True)
                         if self._shutdown:
                             return
@@ -276,13 +364,17 @@ class Executor(_BaseExecutor):
                     self._send_cancels(cancels)
                 elif batch:
                     self._send_batch(batch)
-                else:
+                elif self._pushed is not None and self._pushed.ensure():
+                    self._pushed.wait(self._wake_r)
+                elif self._outstanding:
                     self._poll()
                 self._update_bar()
         except BaseException as exc:  # never leave futures hanging
             log.exception("skyfn executor thread failed")
             self._fail_everything(exc)
         finally:
+            if self._pushed is not None:
+                self._pushed.close()
             self._close_bar()
 
     def _send_batch(self, batch: list[tuple[SkyfnFuture, str, str]]) -> None:
@@ -357,6 +449,11 @@ class Executor(_BaseExecutor):
             return
         self._poll_failures = 0
         self._cursor = answer.get("cursor") if whole else None
+        if not self._apply_answer(answer) and wait > 0.05 and time.monotonic() - t0 < wait / 2:
+            time.sleep(0.01)  # the service did not honour wait: do not spin on it
+
+    def _apply_answer(self, answer: dict) -> int:
+        """Resolve the futures of a POST /tasks/status answer; returns how many."""
         tasks = answer.get("tasks") or {}
         unknown = answer.get("unknown") or ()
         done: list[tuple[SkyfnFuture, str, dict]] = []
@@ -368,6 +465,12 @@ class Executor(_BaseExecutor):
                     if fut is not None:
                         done.append((fut, tid, st))
             lost = [(tid, pop(tid)) for tid in unknown if tid in self._outstanding]
+        self._resolve(done, lost)
+        return len(done) + len(lost)
+
+    @staticmethod
+    def _resolve(done: list, lost: list) -> None:
+        """Set outcomes of futures already popped from _outstanding (so each resolves once)."""
         for fut, tid, st in done:
             ok, value = task_outcome(tid, st)
             if ok:
@@ -376,8 +479,6 @@ class Executor(_BaseExecutor):
                 _set_exception(fut, value)
         for tid, fut in lost:
             _set_exception(fut, TaskNotFound(tid))
-        if not done and not lost and wait > 0.05 and time.monotonic() - t0 < wait / 2:
-            time.sleep(0.01)  # the service did not honour wait: do not spin on it
 
     _poll_failures = 0
     _cursor: Optional[str] = None

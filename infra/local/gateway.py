@@ -39,6 +39,7 @@ try:  # the shared wire contract; a fallback keeps this module usable on its own
     from skyfn.protocol.api import MAX_REQUEST_BYTES
 except Exception:  # pragma: no cover
     MAX_REQUEST_BYTES = 10 << 20
+WS_PATH = "/ws"  # skyfn.protocol.push.PATH: the WebSocket API, when the gateway has a push hub
 
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 _HOP_BY_HOP = {"content-length", "transfer-encoding", "connection", "keep-alive"}
@@ -152,6 +153,9 @@ class _RequestHandler(BaseHTTPRequestHandler):
 
     def _dispatch(self) -> None:
         gateway = self.server.gateway
+        if gateway.websocket is not None and self.headers.get("Upgrade", "").lower() == "websocket":
+            self._websocket(gateway.websocket)
+            return
         try:
             body = self._read_body()
         except _BodyTooLarge as exc:
@@ -187,6 +191,41 @@ class _RequestHandler(BaseHTTPRequestHandler):
         headers = list(headers.items()) if isinstance(headers, dict) else headers
         headers.append(("x-amzn-RequestId", request_id))
         self._send(status, headers, payload)
+
+    def _websocket(self, hub) -> None:
+        """An upgrade to the WebSocket API (infra/local/push_hub.py). The request line may
+        carry a token (?token=): it is never logged."""
+        from websockets.utils import accept_key
+
+        self.close_connection = True
+        raw_path, _, query = self.path.partition("?")
+        if unquote(raw_path).rstrip("/") != WS_PATH:
+            return self._raw(404, _json_error("not_found", f"the WebSocket API is at {WS_PATH}"))
+        key = self.headers.get("Sec-WebSocket-Key", "")
+        if self.headers.get("Sec-WebSocket-Version") != "13" or not key:
+            return self._raw(400, _json_error("bad_request", "a WebSocket upgrade needs Sec-WebSocket-Version 13 "
+                                                             "and a Sec-WebSocket-Key"))
+        scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+        token = token.strip() if scheme.lower() == "bearer" else ""
+        if not token:
+            token = dict(parse_qsl(query)).get("token", "")
+        user = hub.authenticate(token) if token else None
+        if not user:
+            return self._raw(401, _json_error("unauthorized", "the WebSocket API needs a valid user token "
+                                                              "(Authorization: Bearer, or ?token=)"))
+        conn = hub.accept(self.connection, user)
+        self.wfile.write(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                          f"Sec-WebSocket-Accept: {accept_key(key)}\r\n\r\n").encode())
+        try:
+            conn.serve()
+        finally:
+            hub.leave(conn)
+
+    def _raw(self, status: int, payload: bytes) -> None:
+        """An answer that is not logged with its request line (which may hold a token)."""
+        head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n")
+        self.wfile.write(head.encode() + payload)
 
     def _event(self, body: bytes, request_id: str) -> dict:
         gateway = self.server.gateway
@@ -311,7 +350,7 @@ class Gateway:
     def __init__(self, handler: Handler | str = "lambdas.api:handler", host: str = "127.0.0.1", port: int = 0, *,
                  function_name: str = "skyfn-api", stage: str = "local", timeout_seconds: float = 29.0,
                  max_body: int = MAX_REQUEST_BYTES, concurrency: int | None = None,
-                 workers: tuple[int, int] = (2, 16), env: dict | None = None):
+                 workers: tuple[int, int] = (2, 16), env: dict | None = None, websocket=None):
         if callable(handler):
             self.invoker = InProcess(handler, concurrency)
         else:
@@ -323,6 +362,7 @@ class Gateway:
         self.stage = stage
         self.timeout_seconds = timeout_seconds
         self.max_body = max_body
+        self.websocket = websocket  # a push_hub.PushHub: GET /ws upgrades are its connections
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 

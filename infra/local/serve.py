@@ -70,12 +70,16 @@ def apply_env(env: dict[str, str]) -> None:
 
 
 class Service:
-    """Gateway + results event-source mapping + schedules, started and stopped together."""
+    """Gateway (+ its WebSocket API) + results event-source mapping + schedules, started and
+    stopped together."""
 
     def __init__(self, redis_url: str, *, port: int = 0, api="lambdas.api:handler", results=None,
                  schedules=None, api_workers: tuple[int, int] = (2, 16), results_visibility: float = 30.0,
-                 reaper_period: float = 5.0, history_period: float = 2.0):
-        self.gateway = Gateway(api, port=port, workers=api_workers)
+                 reaper_period: float = 5.0, history_period: float = 2.0, push: bool = True):
+        from infra.local.push_hub import PushHub
+
+        self.push_hub = PushHub(redis_url) if push else None  # the WebSocket API (results push)
+        self.gateway = Gateway(api, port=port, workers=api_workers, websocket=self.push_hub)
         self.event_source = EventSourceMapping(lambda: redis_results_queue(redis_url, "results", results_visibility),
                                                results)
         self.scheduler = Scheduler(schedules if schedules is not None
@@ -88,7 +92,9 @@ class Service:
     def start(self) -> "Service":
         started = []
         try:
-            for part in (self.gateway, self.event_source, self.scheduler):
+            for part in (self.push_hub, self.gateway, self.event_source, self.scheduler):
+                if part is None:
+                    continue
                 part.start()
                 started.append(part)
         except BaseException:
@@ -98,7 +104,9 @@ class Service:
         return self
 
     def stop(self) -> None:
-        for part in (self.scheduler, self.event_source, self.gateway):
+        for part in (self.scheduler, self.event_source, self.gateway, self.push_hub):
+            if part is None:
+                continue
             try:
                 part.stop()
             except Exception:

@@ -61,8 +61,18 @@ local function unload(key)
 end
 """
 
+# The completion-stream entry just before `id` ('0-0' if none): pushes carry it so that a
+# client sees a gap in what it was told (skyfn.protocol.push).
+_PREV = """
+local function _prev(owner, id)
+  local before = redis.call('XREVRANGE', 'done:' .. owner, '(' .. id, '-', 'COUNT', 1)
+  if before[1] then return before[1][1] end
+  return '0-0'
+end
+"""
+
 # A final state is written once; duplicates (redelivered packs) are counted and ignored.
-_FINISH = _UNLOAD + """
+_FINISH = _UNLOAD + _PREV + """
 local rows = cjson.decode(ARGV[1])
 local now = ARGV[2]
 local from = ARGV[4] or ''
@@ -98,16 +108,19 @@ for i, r in ipairs(rows) do
     stored = stored + 1
   end
 end
+local notices = {}
 for owner, ids in pairs(done) do
-  redis.call('XADD', 'done:' .. owner, 'MAXLEN', '~', 10000, '*', 'ids', table.concat(ids, ','))
+  local csv = table.concat(ids, ',')
+  local id = redis.call('XADD', 'done:' .. owner, 'MAXLEN', '~', 10000, '*', 'ids', csv)
   redis.call('EXPIRE', 'done:' .. owner, 86400)
+  table.insert(notices, {owner, _prev(owner, id), id, csv})
 end
-return {stored, dup, unknown}
+return {stored, dup, unknown, notices}
 """
 
 # Memo hits: tasks created already SUCCEEDED with the cached result, never queued or
 # dispatched; their events say MEMO_HIT. Like _FINISH, they are announced on done:<owner>.
-_MEMO_HIT = """
+_MEMO_HIT = _PREV + """
 local rows = cjson.decode(ARGV[1])
 local created, now, owner, sub = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local ids = {}
@@ -124,10 +137,11 @@ for i, t in ipairs(rows) do
   end
 end
 if #ids > 0 then
-  redis.call('XADD', 'done:' .. owner, 'MAXLEN', '~', 10000, '*', 'ids', table.concat(ids, ','))
+  local id = redis.call('XADD', 'done:' .. owner, 'MAXLEN', '~', 10000, '*', 'ids', table.concat(ids, ','))
   redis.call('EXPIRE', 'done:' .. owner, 86400)
+  return {#ids, _prev(owner, id), id}
 end
-return #ids
+return {0}
 """
 
 _RANK = "{CREATED=0, QUEUED=1, DISPATCHED=2, RUNNING=3}"
@@ -243,6 +257,16 @@ class TaskRow:
     stderr: str | None = None
 
 
+@dataclass
+class Notice:
+    """One entry of an owner's completion stream (done:<owner>): what the results push
+    announces: the task ids that became final together."""
+    owner: str
+    prev: str
+    cursor: str
+    ids: list[str]
+
+
 FINAL = frozenset({"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED"})
 
 
@@ -292,10 +316,18 @@ class TaskStore:
         """rows: [task_id, function_id, endpoint_id, cached result, memo key, function tag]:
         tasks answered from the cache, stored SUCCEEDED at once (ids that exist are left
         alone: a retried submission). Returns how many were created."""
+        return self.create_memo_hits_notify(owner, submission_id, rows, created)[0]
+
+    def create_memo_hits_notify(self, owner: str, submission_id: str, rows: list[list[Any]],
+                                created: float) -> tuple[int, list[Notice]]:
+        """create_memo_hits, and the completion-stream entry it added (for the results push)."""
         if not rows:
-            return 0
-        return int(self._memo_hit(args=[orjson.dumps(rows), f"{created:.6f}", f"{time.time():.6f}", owner,
-                                        submission_id, self.unretrieved_ttl]))
+            return 0, []
+        out = self._memo_hit(args=[orjson.dumps(rows), f"{created:.6f}", f"{time.time():.6f}", owner,
+                                   submission_id, self.unretrieved_ttl])
+        if int(out[0]) == 0:
+            return 0, []
+        return int(out[0]), [Notice(owner, _s(out[1]), _s(out[2]), [r[0] for r in rows])]
 
     def fail_unqueued(self, task_ids: list[str], reason: str) -> None:
         """Tasks stored but never enqueued (the queue refused them) are failed, not left hanging."""
@@ -321,9 +353,28 @@ class TaskStore:
         (, stdout, stderr)]. With `endpoint_id` (results from an agent), only tasks routed
         to that endpoint are finished; others count as unknown.
         Returns (stored, duplicates ignored, unknown ids)."""
-        stored, dup, unknown = self._finish(args=[orjson.dumps(rows), f"{time.time():.6f}", self.unretrieved_ttl,
-                                                  endpoint_id, int(self.memo_ttl)])
-        return int(stored), int(dup), int(unknown)
+        stored, dup, unknown, _ = self.finish_notify(rows, endpoint_id)
+        return stored, dup, unknown
+
+    def finish_notify(self, rows: list[list[Any]], endpoint_id: str = "") -> tuple[int, int, int, list[Notice]]:
+        """finish, and the completion-stream entries it added, one per owner (for the
+        results push): their ids are the rows' task ids that were stored."""
+        stored, dup, unknown, raw = self._finish(args=[orjson.dumps(rows), f"{time.time():.6f}", self.unretrieved_ttl,
+                                                       endpoint_id, int(self.memo_ttl)])
+        notices = [Notice(_s(owner), _s(prev), _s(entry), _s(csv).split(","))
+                   for owner, prev, entry, csv in raw or ()]
+        return int(stored), int(dup), int(unknown), notices
+
+    def mark_retrieved(self, task_ids: list[str]) -> None:
+        """Results handed to their owner by the push: purged result_ttl from now, as if read."""
+        if not task_ids:
+            return
+        now = time.time()
+        pipe = self.r.pipeline(transaction=False)
+        for tid in task_ids:
+            pipe.hsetnx(f"t:{tid}", "rt", f"{now:.6f}")
+        pipe.zadd("purge", {tid: now + self.result_ttl for tid in task_ids})
+        pipe.execute()
 
     def progress(self, rows: list[list[Any]], endpoint_id: str = "") -> int:
         """rows: [task_id, DISPATCHED|RUNNING|LEASE, ts, lease_seconds]; with `endpoint_id`,

@@ -1,0 +1,229 @@
+"""How the Executor's one background thread gets results pushed (DESIGN.md 2, step 7).
+
+``PushedResults`` belongs to one Executor and is used from its thread only. While its
+WebSocket channel (skyfn/push.py) is up, the thread waits on that socket and the
+Executor's wake-up pipe with one ``select`` instead of long-polling:
+
+- a pushed entry resolves the futures whose status came inside it; the ids without one
+  (large results) are fetched with one POST /tasks/status;
+- the entry's ``prev`` must be the Executor's cursor: otherwise something was missed (a
+  completion not pushed, a message lost) and the thread catches up with POST /tasks/status
+  from its cursor (a *gap*);
+- after (re)connecting, one status read of every outstanding task covers what finished
+  before the subscription;
+- with tasks outstanding and nothing pushed for a while (1 s, doubling to 30 s while
+  nothing is found), one non-blocking status call checks, so a lost last push costs time,
+  never a result.
+
+A dropped connection falls back to the Executor's batched long-poll at once and is
+re-established in the background of the same loop (backoff up to 5 s). Futures are popped
+from the outstanding map under the Executor's lock before they are resolved, so each
+resolves exactly once whichever path delivers its result.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import select
+import time
+from typing import TYPE_CHECKING, Any, Optional
+
+from skyfn.protocol.api import MAX_STATUS_IDS
+from skyfn.protocol.push import cursor_key
+
+if TYPE_CHECKING:  # pragma: no cover
+    from skyfn.executor import Executor
+
+log = logging.getLogger("skyfn.executor")
+
+QUIET_FIRST_S = 1.0
+QUIET_MAX_S = 30.0
+RECONNECT_MAX_S = 5.0
+
+
+class PushedResults:
+    def __init__(self, executor: "Executor", url: str, token: str):
+        self.ex = executor
+        self.url = url
+        self._token = token
+        self.channel = None
+        self.disabled = False
+        self.retry_at = 0.0
+        self.failures = 0
+        self.quiet = QUIET_FIRST_S
+        self.last_heard = time.monotonic()
+        self.idle_since: Optional[float] = None
+        self.stats = {"connects": 0, "disconnects": 0, "pushes": 0, "pushed_results": 0, "fetched": 0,
+                      "gaps": 0, "resyncs": 0, "quiet_checks": 0}
+
+    # -- connection ------------------------------------------------------------------------
+    @property
+    def connected(self) -> bool:
+        return self.channel is not None and not self.channel.closed
+
+    def ensure(self) -> bool:
+        """Connected, or connected now if it is time to try; False: use the long-poll."""
+        if self.connected:
+            return True
+        if self.channel is not None:  # it was up and went down
+            self._lost()
+        if self.disabled or time.monotonic() < self.retry_at:
+            return False
+        from skyfn.push import PushChannel, PushUnavailable
+
+        channel = PushChannel(self.url, self._token)
+        try:
+            cursor = channel.connect()
+        except PushUnavailable as exc:
+            if exc.status in (401, 403, 404):  # no WebSocket API here, or not for this token
+                log.info("results push unavailable (%s); long-polling instead", exc)
+                self.disabled = True
+            else:
+                self._backoff(exc)
+            return False
+        except OSError as exc:
+            self._backoff(exc)
+            return False
+        self.channel = channel
+        self.failures = 0
+        self.stats["connects"] += 1
+        self.last_heard = time.monotonic()
+        self.quiet = QUIET_FIRST_S
+        with self.ex._cv:
+            waiting = bool(self.ex._outstanding)
+        if waiting:
+            self.resync(full=True)  # what finished before the subscription
+        else:
+            self.ex._cursor = cursor
+        return True
+
+    def _backoff(self, exc: BaseException) -> None:
+        self.failures += 1
+        delay = min(RECONNECT_MAX_S, 0.05 * 2 ** self.failures)
+        self.retry_at = time.monotonic() + delay
+        log.debug("results push connection failed (%s); retrying in %.2f s", exc, delay)
+
+    def _lost(self) -> None:
+        self.stats["disconnects"] += 1
+        log.info("results push connection lost; long-polling until it is back")
+        self.channel = None
+        self.retry_at = time.monotonic()  # the first reconnect at once
+
+    def kill(self) -> None:
+        """Drop the connection as a network fault would (tests and fault drills)."""
+        channel = self.channel
+        if channel is not None:
+            channel.kill()
+
+    def close(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+
+    # -- waiting -----------------------------------------------------------------------------
+    def wait(self, wake_fd: int) -> None:
+        """Wait for pushes (or a wake-up, or the quiet check) and apply what arrived."""
+        ex = self.ex
+        now = time.monotonic()
+        with ex._cv:
+            if ex._queue or ex._to_cancel or ex._shutdown:
+                return
+            outstanding = bool(ex._outstanding)
+            ex._selecting = True
+        if outstanding:
+            if self.idle_since is not None:  # new work after a pause: the quiet clock starts now
+                self.idle_since, self.last_heard = None, now
+            timeout = max(0.0, self.last_heard + self.quiet - now)
+        else:
+            self.idle_since = self.idle_since or now
+            timeout = max(0.0, self.idle_since + ex._idle_exit - now)
+        try:
+            ready, _, _ = select.select([self.channel.fileno(), wake_fd], [], [], timeout)
+        finally:
+            with ex._cv:
+                ex._selecting = False
+        if wake_fd in ready:
+            try:
+                os.read(wake_fd, 4096)
+            except BlockingIOError:
+                pass
+        if self.channel.fileno() in ready:
+            msgs = self.channel.read()
+            if msgs is None:
+                self._lost()
+                return
+            if msgs:
+                self._apply(msgs)
+            return
+        if not ready:
+            if outstanding:
+                self.quiet_check()
+            elif self.idle_since is not None and time.monotonic() - self.idle_since >= ex._idle_exit:
+                self.close()  # idle: the Executor's thread may end
+
+    def quiet_check(self) -> None:
+        self.stats["quiet_checks"] += 1
+        found = self.resync(full=False)
+        self.last_heard = time.monotonic()
+        self.quiet = QUIET_FIRST_S if found else min(QUIET_MAX_S, self.quiet * 2)
+
+    def _apply(self, msgs: list[dict[str, Any]]) -> None:
+        from skyfn.push import follow
+
+        ex = self.ex
+        self.last_heard = time.monotonic()
+        self.quiet = QUIET_FIRST_S
+        done, fetch, gap = [], [], False
+        with ex._cv:
+            pop = ex._outstanding.pop
+            for msg in msgs:
+                if msg.get("type") != "done":
+                    continue
+                self.stats["pushes"] += 1
+                for st in msg.get("tasks") or ():
+                    fut = pop(st.get("task_id"), None)
+                    if fut is not None:
+                        done.append((fut, st["task_id"], st))
+                fetch.extend(tid for tid in msg.get("ids") or () if tid in ex._outstanding)
+                cursor, missed = follow(ex._cursor, str(msg.get("prev")), str(msg.get("cursor")))
+                if missed and not ex._outstanding:
+                    cursor, missed = str(msg.get("cursor")), False  # nothing to miss
+                ex._cursor = cursor
+                gap = gap or missed
+        self.stats["pushed_results"] += len(done)
+        ex._resolve(done, [])
+        if fetch:
+            self.stats["fetched"] += len(fetch)
+            for window in _windows(list(dict.fromkeys(fetch))):
+                ex._apply_answer(ex.client.status(window, wait=0))
+        if gap:
+            self.stats["gaps"] += 1
+            self.resync(full=False)
+
+    def resync(self, full: bool) -> bool:
+        """Catch up with POST /tasks/status: from the cursor when it is usable (only what
+        finished since), else every outstanding task. Returns whether any resolved."""
+        ex = self.ex
+        self.stats["resyncs"] += 1
+        with ex._cv:
+            ids = list(ex._outstanding)
+        if not ids:
+            return False
+        use_cursor = not full and ex._cursor is not None and len(ids) <= MAX_STATUS_IDS
+        found, cursors = 0, []
+        for window in _windows(ids):
+            answer = ex.client.status(window, wait=0, cursor=ex._cursor if use_cursor else None)
+            cursors.append(answer.get("cursor"))
+            found += ex._apply_answer(answer)
+        cursors = [c for c in cursors if c]
+        if cursors:
+            # several windows: the earliest position, so nothing between them is skipped
+            ex._cursor = min(cursors, key=cursor_key)
+        return found > 0
+
+
+def _windows(ids: list[str]):
+    it = iter(ids)
+    while chunk := list(itertools.islice(it, MAX_STATUS_IDS)):
+        yield chunk
