@@ -266,6 +266,10 @@ class Client:
         """A task whose payload is too large to travel inline, with the payload uploaded to
         S3 (an upload form from POST /blobs) and referenced instead (skyfn.protocol.blobs)."""
         payload = task.get("payload")
+        staging = getattr(payload, "staging", None)
+        if staging:  # GlobusFile arguments (pack_args noted them): the agent stages these
+            task = {**task, "payload": str.__str__(payload), **staging}
+            payload = task["payload"]
         if not isinstance(payload, str) or len(payload) <= blobs.INLINE_BYTES or blobs.is_ref(payload):
             return task
         data = payload.encode("utf-8")

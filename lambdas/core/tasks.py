@@ -151,6 +151,10 @@ def _packs(endpoint_id, indices, task_ids, tasks, bodies, containers, tags=None,
         tag = tags.get(t.function_id) if tags else None
         if tag:
             spec["tag"] = tag
+        if t.stage_in:  # GlobusFile arguments: the agent stages them (endpoint_agent/staging.py)
+            spec["stage_in"] = [{"collection": i.collection, "path": i.path} for i in t.stage_in]
+        if t.stage_out:
+            spec["stage_out"] = [{"collection": i.collection, "path": i.path} for i in t.stage_out]
         if t.payload.startswith(BLOB_HEADER):  # in S3: the agent fetches it with a presigned URL
             spec["payload_url"] = blobs.payload_url(t.payload)
         cost = len(t.payload) + 120 + (len(bodies[t.function_id]) if t.function_id not in fns else 0)

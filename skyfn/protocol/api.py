@@ -119,6 +119,17 @@ class Resources(_Body):
     gpus: int = Field(default=0, ge=0, le=64)
 
 
+MAX_STAGE_ITEMS = 10_000  # GlobusFile arguments of one task
+
+
+class StageItem(_Body):
+    """A file on a Globus collection that the endpoint's agent moves for a task
+    (skyfn.data.connectors.globus.GlobusFile; endpoint_agent/staging.py)."""
+
+    collection: str = Field(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+    path: str = Field(min_length=1, max_length=4096, pattern=r"^/")
+
+
 class TaskRequest(_Body):
     function_id: str = Field(min_length=1, max_length=64)
     payload: str = Field(max_length=MAX_PAYLOAD_BYTES, description="serialized (args, kwargs) buffer")
@@ -132,6 +143,10 @@ class TaskRequest(_Body):
     memoize: Optional[StrictBool] = Field(default=None, description="answer from the memo cache when this function "
                                           "ran on the same arguments and container before (default: the "
                                           "submission's, else the function's setting)")
+    stage_in: Optional[list[StageItem]] = Field(default=None, max_length=MAX_STAGE_ITEMS, description="GlobusFile "
+                                                "arguments: copied to the endpoint's collection before the task runs")
+    stage_out: Optional[list[StageItem]] = Field(default=None, max_length=MAX_STAGE_ITEMS, description="GlobusFile "
+                                                 "outputs: sent from the endpoint to their collection after it ran")
 
 
 class SubmitTasks(_Body):

@@ -31,6 +31,10 @@ class TaskSpec(_Msg):
     tag: Optional[str] = Field(default=None, description="the function's tag (placement policies)")
     payload_url: Optional[str] = Field(default=None, description="the payload is in S3 (skyfn.protocol.blobs): "
                                                                  "a presigned GET URL for it")
+    stage_in: Optional[list[dict[str, str]]] = Field(default=None, description="[{collection, path}]: GlobusFile "
+                                                     "arguments the agent stages in first (endpoint_agent/staging.py)")
+    stage_out: Optional[list[dict[str, str]]] = Field(default=None, description="[{collection, path}]: GlobusFile "
+                                                      "outputs the agent stages out after the task")
 
 
 class TaskPack(_Msg):

@@ -20,6 +20,7 @@ import linecache
 import pickle
 import sys
 import textwrap
+import threading
 import types
 from typing import Any, Callable
 
@@ -311,9 +312,36 @@ def deserialize(buffer: str) -> Any:
         ) from exc
 
 
+# Files to stage met while packing arguments (skyfn.data.connectors.globus.GlobusFile notes
+# itself when pickled): the task is submitted with them, so its agent needs no unpickling.
+_staging = threading.local()
+
+
+class StagedPayload(str):
+    """An argument buffer with `staging`: {"stage_in"|"stage_out": [{collection, path}, ...]}."""
+
+    staging: dict
+
+
+def note_staging(kind: str, item: dict) -> None:
+    found = getattr(_staging, "found", None)
+    if found is not None and item not in found.setdefault(kind, []):
+        found[kind].append(item)
+
+
 def pack_args(args: tuple, kwargs: dict) -> str:
-    """One buffer for a call's positional and keyword arguments."""
-    return serialize({"a": list(args), "k": dict(kwargs)})
+    """One buffer for a call's positional and keyword arguments (a StagedPayload when they
+    hold files to stage)."""
+    outer = getattr(_staging, "found", None)
+    _staging.found = found = {}
+    try:
+        buf = serialize({"a": list(args), "k": dict(kwargs)})
+    finally:
+        _staging.found = outer
+    if found:
+        buf = StagedPayload(buf)
+        buf.staging = found
+    return buf
 
 
 def unpack_args(buffer: str) -> tuple[tuple, dict]:

@@ -85,12 +85,19 @@ def parse_events(text: str | None) -> list[tuple[str, float]]:
     return out
 
 
+# Agent-side events (not states: the task stays DISPATCHED meanwhile) of a task whose
+# GlobusFile arguments are staged in before it runs and outputs staged out after it
+# (endpoint_agent/staging.py); they travel in TaskResult.events like RUNNING and DONE.
+STAGING_IN, STAGED_IN, STAGING_OUT, STAGED_OUT = "STAGING_IN", "STAGED_IN", "STAGING_OUT", "STAGED_OUT"
+
 # Stages of a task's latency breakdown, read back from its events (DESIGN.md section 2).
 STAGES = (
     ("service", TaskState.CREATED, TaskState.QUEUED),
     ("queue_wait", TaskState.QUEUED, TaskState.DISPATCHED),
+    ("stage_in", STAGING_IN, STAGED_IN),
     ("dispatch", TaskState.DISPATCHED, TaskState.RUNNING),
     ("run", TaskState.RUNNING, "DONE"),
+    ("stage_out", STAGING_OUT, STAGED_OUT),
     ("return", "DONE", "STORED"),
 )
 
