@@ -353,6 +353,11 @@ data:
 #   maxmemory: 4gb
 # stores:                          # more named stores: connector redis | file | s3 | globus | direct
 #   scratch: {{connector: file, directory: /shared/scratch/skyfn}}
+# globus:                          # GlobusFile arguments staged in / outputs out, batched (docs/data.md)
+#   collection: <UUID>             # this endpoint's Globus collection
+#   root: /path/of/that/collection # the local directory its "/" is
+#   batch_size: 100                # items per Transfer task; max_concurrent_transfers: 5
+#   token_file: <endpoint dir>/globus_tokens.json   # client_id (+ client_secret_file) to refresh
 
 # log_level: INFO          # DEBUG, INFO, WARNING, ERROR
 """

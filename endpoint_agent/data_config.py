@@ -21,6 +21,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from skyfn.data.connectors import CONNECTORS
+from skyfn.data.globus_config import GlobusSettings, parse_globus
 
 STORE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
@@ -53,8 +54,13 @@ class DataConfig(BaseModel):
     default: Optional[str] = Field(default=None, pattern=STORE_NAME)
     redis: Optional[RedisData] = None
     stores: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    globus: Optional[dict[str, Any]] = None
+    globus: Optional[GlobusSettings] = None   # GlobusFile staging (skyfn.data.globus_config, endpoint_agent/staging.py)
     direct: Optional[dict[str, Any]] = None
+
+    @field_validator("globus", mode="before")
+    @classmethod
+    def _globus(cls, value: Any) -> Any:
+        return None if value is None else parse_globus(value)
 
     @field_validator("stores")
     @classmethod

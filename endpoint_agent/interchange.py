@@ -234,6 +234,13 @@ class Interchange:
             from endpoint_agent.allowlist import FunctionGate
 
             self.gate = FunctionGate(config.allowed_functions, endpoint_id)
+        # data: globus: GlobusFile arguments staged in before tasks run, outputs out after (staging.py)
+        self.staging = None
+        globus = getattr(getattr(config, "data", None), "globus", None)
+        if globus is not None:
+            from endpoint_agent.staging import TaskStaging
+
+            self.staging = TaskStaging(self, globus, None if key_dir is None else Path(key_dir).parent)
 
     # --- other threads ---------------------------------------------------------
     def deliver(self, batch: list[Delivery], n_tasks: int) -> None:
@@ -546,6 +553,8 @@ class Interchange:
                 key = next(keys)
                 res = spec.resources
                 payload = spec.payload if spec.payload_url is None else blobs.make_ref(spec.payload_url)
+                if (spec.stage_in or spec.stage_out) and self._stage(key, spec, payload, seq, recv_ts):
+                    continue
                 if spec.container is None and not res and not placed:
                     tasks[key] = [spec.task_id, spec.function_id, payload, spec.walltime, seq, recv_ts, 0,
                                   PLAIN, None]
@@ -560,6 +569,26 @@ class Interchange:
                 t = [spec.task_id, spec.function_id, payload, spec.walltime, seq, recv_ts, 0, route, None]
                 tasks[key] = t
                 self._pend(key, t)
+
+    def _stage(self, key: int, spec, payload: Any, seq: int, recv_ts: float) -> bool:
+        """A task with GlobusFiles: held while its inputs arrive (True), or pended now (False)."""
+        if self.staging is None:
+            from endpoint_agent.staging import no_staging_reason
+
+            self._add_result({"task_id": spec.task_id, "state": "FAILED", "reason": no_staging_reason(self.endpoint_id),
+                              "events": [["DISPATCHED", recv_ts]]}, seq)
+            return True
+        res = spec.resources
+        cores = int(res.get("cores") or 0) if res else 0
+        gpus = int(res.get("gpus") or 0) if res else 0
+        route = (spec.container or wire.NO_CONTAINER, cores if cores > 1 or gpus else 0, gpus)
+        if self.placement is not None:
+            route += (spec.tag,)
+        t = [spec.task_id, spec.function_id, payload, spec.walltime, seq, recv_ts, 0, route, None]
+        self.tasks[key] = t
+        if not self.staging.admit(key, t, spec):
+            self._pend(key, t)
+        return True
 
     def _pend(self, key: int, t: list) -> None:
         dq = self.pending.get(t[T_ROUTE])
@@ -580,6 +609,8 @@ class Interchange:
             kind, arg = self.control.popleft()
             if kind == "cancel":
                 self.on_cancel(arg)
+            elif kind == "staged":
+                self.staging.on_staged(*arg)
             elif kind == "drain":
                 ids, block = arg
                 for m in list(self.managers.values()):
@@ -607,6 +638,8 @@ class Interchange:
                 continue
             t = self.tasks.pop(key)
             self.cancelled += 1
+            if self.staging is not None:
+                self.staging.forget(key)
             if t[T_MGR] is not None:
                 m = self.managers.get(t[T_MGR])
                 if m is not None:
@@ -825,6 +858,8 @@ class Interchange:
                 rec["stdout"] = out
             if err is not None:
                 rec["stderr"] = err
+            if self.staging is not None and self.staging.result(key, t, rec):
+                continue  # held while its GlobusFile outputs are sent (staging.py)
             self._add_result(rec, t[T_PACK])
         if not assigned:
             m.last_busy = time.monotonic()
@@ -967,6 +1002,8 @@ class Interchange:
     # --- shutdown -------------------------------------------------------------------
     def close(self) -> None:
         self.closing = True
+        if self.staging is not None:
+            self.staging.close()
         self.stop_managers()
         for sock in list(self._wakers.values()):
             sock.close(0)

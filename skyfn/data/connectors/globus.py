@@ -40,7 +40,7 @@ from skyfn.data.errors import DataConfigError, DataError
 LOCAL_ENV = "SKYFN_GLOBUS_LOCAL"     # JSON {collection, root, stage_dir}: set by the agent for its workers
 
 
-class GlobusFileError(DataError):
+class GlobusFileError(DataError, ValueError):
     """A GlobusFile that cannot be used here (bad path, no local copy, transfer failed)."""
 
 
