@@ -61,6 +61,8 @@ def _prepass(text: str) -> str:
             elif val[0] == "[" and val.endswith("]"):
                 items = [i.strip() for i in val[1:-1].split(",")]
                 new = "[" + ", ".join(_quote(i) if i.startswith("!") or i == "*" else i for i in items) + "]"
+            elif val[0] == "[":
+                pass  # a '[' not closed on its line: left to YAML, which reports where it was opened
             elif (key == "workers" and val == "*") or (key == "affinity" and "!" in val) or \
                     (key == "invalidate" and ":" in val):
                 new = _quote(val)

@@ -171,6 +171,9 @@ def test_followup_at_the_top_level_of_a_map_belongs_to_no_tag():
     ("t:\n  - workers: [a, b\n    strategy: best_first\n  - workers: [c]\nu:\n  - workers: [d]\n", 2,
      "not valid YAML: the '[' opened on line 2 is never closed (parsing stopped on line 3: expected ',' or ']', "
      "but got ':'): close it with ']' on line 2"),
+    ("- t:\n  - workers: *\n    affinity: [u, !v\n  followup: fail\n", 3,       # the paper's !tag, unclosed
+     "not valid YAML: the '[' opened on line 3 is never closed (parsing stopped on line 4: expected ',' or ']', "
+     "but got ':'): close it with ']' on line 3"),
     ("t:\n  - workers: [a]\n    invalidate: {capacity_used: 50%\n  - workers: [b]\n", 3,
      "not valid YAML: the '{' opened on line 3 is never closed (parsing stopped on line 4: expected ',' or '}', "
      "but got ':'): close it with '}' on line 3"),
