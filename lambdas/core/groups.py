@@ -181,7 +181,8 @@ def route(owner: str, req: SubmitTasks, containers: dict[str, Optional[str]]) ->
             by_group.setdefault(v, []).append(i)
     for group_id, indices in by_group.items():
         placed = place(owner, group_id, [routing.tags.get(tasks[i].function_id) for i in indices],
-                       [tasks[i].container or containers.get(tasks[i].function_id) for i in indices])
+                       [tasks[i].container or containers.get(tasks[i].function_id) for i in indices],
+                       [tasks[i].data_locations for i in indices])
         for i, (ep, reason) in zip(indices, placed):
             routing.endpoints[i] = ep
             if reason is not None:
@@ -201,9 +202,11 @@ def function_tags(function_ids: set[str]) -> dict[str, Optional[str]]:
     return out
 
 
-def place(owner: str, group_id: str, tags: list[Optional[str]],
-          containers: list[Optional[str]]) -> list[tuple[str, Optional[str]]]:
-    """(endpoint id, None) for each placed task; ('', reason) for each the policy refused."""
+def place(owner: str, group_id: str, tags: list[Optional[str]], containers: list[Optional[str]],
+          data: Optional[list[Optional[dict[str, int]]]] = None) -> list[tuple[str, Optional[str]]]:
+    """(endpoint id, None) for each placed task; ('', reason) for each the policy refused.
+    `data`: per task, endpoint id -> bytes of its data refs there (the SDK says; the refs
+    themselves are opaque here), which `data_local` and the `data` affinity use."""
     rec = _record(owner, group_id)
     policy = _policy(rec["policy"])
     state, _ = live_state(rec["members"])
@@ -218,8 +221,10 @@ def place(owner: str, group_id: str, tags: list[Optional[str]],
     saved = {k.decode(): int(v) for k, v in r.hgetall(rr_key).items()}
     scheduler.set_cursors(saved)
     out: list[tuple[str, Optional[str]]] = []
-    for tag, container in zip(tags, containers):
-        d = scheduler.place(tag, container=container)
+    name_of = {m["endpoint_id"]: m["name"] for m in rec["members"]}
+    for tag, container, loc in zip(tags, containers, data or [None] * len(tags)):
+        held = {name_of[e]: n for e, n in loc.items() if e in name_of} if loc else None
+        d = scheduler.place(tag, container=container, data=held or None)
         if d.ok:
             out.append((by_name[d.worker], None))
         else:

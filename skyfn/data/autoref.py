@@ -57,6 +57,17 @@ def local_endpoint_store(name: str):
     return get_store(default) if default else None
 
 
+def data_locations(args: tuple, kwargs: dict) -> dict[str, int]:
+    """endpoint id -> bytes of the refs among these arguments that live there (placement)."""
+    out: dict[str, int] = {}
+    for a in (*args, *kwargs.values()):
+        if type(a) is Ref:
+            info = ref_info(a)
+            if info.endpoint_id:
+                out[info.endpoint_id] = out.get(info.endpoint_id, 0) + info.size
+    return out
+
+
 class ArgumentRefs:
     def __init__(self, store, owner, threshold: int = DEFAULT_THRESHOLD, evict_user_refs: bool = False):
         """`owner`: the user id, or a function returning it (asked once, at the first ref)."""

@@ -28,7 +28,7 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from skyfn.placement.model import (
-    DEFAULT_TAG, FOLLOWUPS, STRATEGIES, Block, Invalidate, Policy, PolicyError, Problem, TagPolicy,
+    DATA_AFFINITY, DEFAULT_TAG, FOLLOWUPS, STRATEGIES, Block, Invalidate, Policy, PolicyError, Problem, TagPolicy,
 )
 from skyfn.placement.yaml_errors import describe as describe_yaml_error
 
@@ -467,7 +467,7 @@ class _Loader:
 
     def check_affinity_tags(self, tags: dict[str, TagPolicy]) -> None:
         for name, node, path in self.affinity_refs:
-            if name not in tags:
+            if name not in tags and name != DATA_AFFINITY:  # `data`: where the task's refs live
                 self.warnings.append(Problem(_line(node), path,
                                              f"affinity on tag {name!r}, which this policy does not define "
                                              f"(functions tagged {name!r} use the default blocks)"))

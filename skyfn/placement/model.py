@@ -10,7 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-STRATEGIES = ("any", "best_first", "warm_first", "shortest_backlog", "round_robin")
+STRATEGIES = ("any", "best_first", "warm_first", "shortest_backlog", "round_robin", "data_local")
+# The affinity name that means "where the task's data lives" (skyfn.data refs): `affinity:
+# data` keeps only workers holding the task's refs, `!data` only workers that do not.
+DATA_AFFINITY = "data"
 FOLLOWUPS = ("default", "fail")
 DEFAULT_TAG = "default"
 

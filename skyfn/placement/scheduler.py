@@ -13,6 +13,12 @@ with a reason naming each rejected worker.
                       slots first; without one, the one with the most free slots (funcX)
     shortest_backlog  fewest queued + running tasks per slot (Balsam's multi-site rule)
     round_robin       the next valid worker after the previous choice of this block
+    data_local        the valid worker holding the most bytes of the task's data refs
+                      (skyfn.data); without one, shortest_backlog
+
+Data awareness: `decide(..., data={worker: bytes})` says where the task's refs live.
+Besides `data_local`, the affinity `data` keeps only workers holding them (`!data`: only
+workers that do not); a task without refs is not constrained by it.
 
 Decisions run under the state's lock. `place()` decides and records the start in the same
 critical section, so concurrent placements cannot both take a worker's last allowed slot.
@@ -25,10 +31,10 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, Optional
 
-from skyfn.placement.model import Block, Policy, TagPolicy
+from skyfn.placement.model import DATA_AFFINITY, Block, Policy, TagPolicy
 from skyfn.placement.state import LiveState, WorkerState
 
-OFFLINE, FULL, CAPACITY, CONCURRENCY, MISSING, FORBIDDEN, UNKNOWN = range(1, 8)
+OFFLINE, FULL, CAPACITY, CONCURRENCY, MISSING, FORBIDDEN, UNKNOWN, NO_DATA, HAS_DATA = range(1, 10)
 # Rejections a later decision may not repeat: load and co-location change as tasks run.
 TRANSIENT = frozenset({FULL, CAPACITY, CONCURRENCY, MISSING, FORBIDDEN})
 _POS = attrgetter("pos")
@@ -116,20 +122,23 @@ class Scheduler:
         self.state = state
         self.respect_capacity = respect_capacity
         self._rng = random.Random(seed)
+        self._data: Optional[dict[str, int]] = None  # the current decision's data locations
         self._cursor: dict[int, int] = {}                                    # id(block) -> round-robin position
         self._resolved: dict[int, tuple[int, list[WorkerState], tuple[str, ...]]] = {}  # id(block) -> (version, ...)
         self._blocks: list[Block] = [b for tp in policy.tags.values() for b in tp.blocks]  # keep ids alive
 
     # --- public ----------------------------------------------------------------------
     def decide(self, tag: Optional[str] = None, *, container: Optional[str] = None,
-               explain: bool = False) -> Decision:
+               explain: bool = False, data: Optional[dict[str, int]] = None) -> Decision:
+        """`data`: worker name -> bytes of the task's data refs held there (data awareness)."""
         with self.state.lock:
-            return self._decide(tag, container, explain)
+            return self._decide(tag, container, explain, data)
 
-    def place(self, tag: Optional[str] = None, *, container: Optional[str] = None) -> Decision:
+    def place(self, tag: Optional[str] = None, *, container: Optional[str] = None,
+              data: Optional[dict[str, int]] = None) -> Decision:
         """Decide and, when a worker is chosen, record the invocation as started on it."""
         with self.state.lock:
-            d = self._decide(tag, container, False)
+            d = self._decide(tag, container, False, data)
             if d.worker is not None:
                 self.state._start(self.state.workers[d.worker], tag)
             return d
@@ -161,7 +170,9 @@ class Scheduler:
             plan.append((policy.default, "followup"))
         return plan
 
-    def _decide(self, tag: Optional[str], container: Optional[str], explain: bool) -> Decision:
+    def _decide(self, tag: Optional[str], container: Optional[str], explain: bool,
+                data: Optional[dict[str, int]] = None) -> Decision:
+        self._data = data  # read by _scan and _choose (decisions run under the state's lock)
         plan = self._plan(tag)
         traces: Optional[list[BlockTrace]] = [] if explain else None
         for tp, via in plan:
@@ -172,11 +183,15 @@ class Scheduler:
                     traces.append(trace)
                 w = self._pick(block, container, trace)
                 if w is not None:
+                    reason = f"{tp.name!r} block {number}, strategy {block.strategy}"
+                    if data:
+                        held = data.get(w.name)
+                        reason += (f"; data local: {w.name} holds {held} bytes of the task's refs" if held else
+                                   f"; the task's refs live on {', '.join(sorted(data))}, not on {w.name}")
                     return Decision(worker=w.name, tag=tag, policy_tag=tp.name, block=number, line=block.line,
-                                    via=via, reason=f"{tp.name!r} block {number}, strategy {block.strategy}",
-                                    trace=traces if traces is not None else [])
+                                    via=via, reason=reason, trace=traces if traces is not None else [])
         if not explain:  # failures are rare: evaluate again, this time collecting every reason
-            return self._decide(tag, container, True)
+            return self._decide(tag, container, True, data)
         last, last_via = plan[-1]
         parts = []
         for t in traces:
@@ -221,12 +236,14 @@ class Scheduler:
             by_tag = self.state.by_tag
             subset = None
             for t in block.require:
+                if t == DATA_AFFINITY:
+                    continue
                 holders = by_tag.get(t)
                 if not holders:
                     return None
                 if subset is None or len(holders) < len(subset):
                     subset = holders
-            if len(subset) < n:
+            if subset is not None and len(subset) < n:
                 cands = sorted(subset, key=_POS)
                 if start:
                     cands = [w for w in cands if w.pos >= start] + [w for w in cands if w.pos < start]
@@ -241,7 +258,7 @@ class Scheduler:
                 trace.rejected.append((name, "unknown worker (not among the current workers)"))
                 trace.codes.add(UNKNOWN)
             for w, code in rejected:
-                trace.rejected.append((w.name, self._reason(code, w, block)))
+                trace.rejected.append((w.name, self._reason(code, w, block, self._data)))
                 trace.codes.add(code)
             trace.valid = [w.name for w in valid]
             listed = block.workers if block.workers is not None else [w.name for w in self.state.order]
@@ -257,6 +274,7 @@ class Scheduler:
 
     def _scan(self, block: Block, cands: list[WorkerState], rejected: Optional[list],
               first_only: bool) -> list[WorkerState]:
+        data = self._data
         inv = block.invalidate
         cap = inv.capacity_used if inv is not None else None
         mci = inv.max_concurrent_invocations if inv is not None else None
@@ -278,12 +296,20 @@ class Scheduler:
             elif req or forb:
                 tags = w.tags
                 for t in forb:
-                    if tags.get(t):
+                    if t == DATA_AFFINITY:
+                        if data and w.name in data:
+                            code = HAS_DATA
+                            break
+                    elif tags.get(t):
                         code = FORBIDDEN
                         break
                 else:
                     for t in req:
-                        if not tags.get(t):
+                        if t == DATA_AFFINITY:
+                            if data and w.name not in data:
+                                code = NO_DATA
+                                break
+                        elif not tags.get(t):
                             code = MISSING
                             break
             if code:
@@ -296,11 +322,20 @@ class Scheduler:
         return valid
 
     def _choose(self, strategy: str, valid: list[WorkerState], container: Optional[str]) -> WorkerState:
+        data = self._data
         if len(valid) == 1 or strategy == "best_first" or strategy == "round_robin":
             return valid[0]
         if strategy == "any":
             return valid[self._rng.randrange(len(valid))]
-        if strategy == "shortest_backlog":
+        if strategy == "data_local" and data:
+            holders = [w for w in valid if data.get(w.name)]
+            if holders:
+                most = max(data[w.name] for w in holders)
+                valid = [w for w in holders if data[w.name] == most]
+                if len(valid) == 1:
+                    return valid[0]
+            strategy = "shortest_backlog"  # ties, or nobody valid holds the data
+        if strategy == "shortest_backlog" or strategy == "data_local":
             best, best_score = None, 0.0
             for w in valid:
                 score = (w.queued + w.running) / (w.capacity or 1)
@@ -321,7 +356,11 @@ class Scheduler:
         return best
 
     @staticmethod
-    def _reason(code: int, w: WorkerState, block: Block) -> str:
+    def _reason(code: int, w: WorkerState, block: Block, data: Optional[dict[str, int]] = None) -> str:
+        if code == NO_DATA:
+            return f"holds none of the task's data (its refs live on {', '.join(sorted(data or ()))}; affinity data)"
+        if code == HAS_DATA:
+            return "holds the task's data (anti-affinity !data)"
         if code == OFFLINE:
             return "offline"
         if code == FULL:

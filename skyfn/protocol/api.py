@@ -143,6 +143,10 @@ class TaskRequest(_Body):
     memoize: Optional[StrictBool] = Field(default=None, description="answer from the memo cache when this function "
                                           "ran on the same arguments and container before (default: the "
                                           "submission's, else the function's setting)")
+    data_locations: Optional[dict[Annotated[str, Field(min_length=1, max_length=64)],
+                                  Annotated[int, Field(strict=True, ge=0)]]] = Field(default=None, max_length=64, description="endpoint id -> "
+                                                     "bytes of this task's data refs held there: a group's policy "
+                                                     "may prefer that endpoint (strategy data_local, affinity data)")
     stage_in: Optional[list[StageItem]] = Field(default=None, max_length=MAX_STAGE_ITEMS, description="GlobusFile "
                                                 "arguments: copied to the endpoint's collection before the task runs")
     stage_out: Optional[list[StageItem]] = Field(default=None, max_length=MAX_STAGE_ITEMS, description="GlobusFile "

@@ -293,3 +293,30 @@ def test_bad_targets(api, eps):
     assert status == 404 and "endpoint group no-such-group not found" in body["message"]
     status, body = api.call("POST", "/tasks", {"tasks": [task]})
     assert status == 404 and "has no endpoint: give endpoint_id or group_id" in body["message"]
+
+
+# --- data-aware placement (issue 12) -----------------------------------------------------
+def test_a_task_goes_where_its_data_lives(api, eps):
+    g = group(api, eps, """
+        default:
+          - workers: "*"
+            strategy: data_local
+        """)
+    fid = fn(api)
+    task = {"function_id": fid, "payload": pack_args((1,), {})}
+    status, body = api.call("POST", "/tasks", {"group_id": g["group_id"], "tasks": [
+        {**task, "data_locations": {eps["gamma"]: 100 << 20, eps["alpha"]: 10}},
+        {**task, "data_locations": {eps["beta"]: 1}},
+        {**task, "data_locations": {"not-a-member": 5}},  # data elsewhere: shortest backlog
+    ]})
+    assert status == 202, body
+    placed = where(api, body["task_ids"])
+    assert placed[:2] == [eps["gamma"], eps["beta"]]
+    assert placed[2] in eps.values()
+
+
+def test_data_locations_are_validated(api, eps):
+    fid = fn(api)
+    status, body = api.call("POST", "/tasks", {"endpoint_id": eps["alpha"], "tasks": [
+        {"function_id": fid, "payload": pack_args((1,), {}), "data_locations": {eps["beta"]: -1}}]})
+    assert status == 422 and "data_locations" in str(body)

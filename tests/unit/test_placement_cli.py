@@ -115,7 +115,7 @@ def test_invalid_policy_lists_every_problem_with_line_and_key(files):
     bad = files / "bad.yaml"
     assert err.splitlines() == [
         f"{bad}:3: a[1].strategy: unknown strategy 'fast' (expected one of: any, best_first, warm_first, "
-        "shortest_backlog, round_robin)",
+        "shortest_backlog, round_robin, data_local)",
         f"{bad}:4: a[2].invalidate.capacity_used: bad percentage '120%': give a number above 0 and at most 100, "
         "e.g. 50%",
         f"{bad}:4: a[2]: missing workers: give `workers: *` or a list of worker names",

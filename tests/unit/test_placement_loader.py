@@ -232,7 +232,7 @@ def test_unknown_strategy():
           - workers: "*"
             strategy: best_frst
         """) == [(4, "t[1].strategy", "unknown strategy 'best_frst' (expected one of: any, best_first, warm_first, "
-                                      "shortest_backlog, round_robin); did you mean 'best_first'?")]
+                                      "shortest_backlog, round_robin, data_local); did you mean 'best_first'?")]
 
 
 def test_missing_workers():
