@@ -295,8 +295,13 @@ class TaskStaging:
         s = self.settings
         self.layout = Layout(s.collection, s.root_path, s.stage_dir)
         s.root_path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.tc = transfer_client(s, s.token_path(endpoint_dir))
+        except ValueError as exc:  # no or unreadable credentials: the agent does not start
+            from endpoint_agent.config import ConfigError
+
+            raise ConfigError(str(exc)) from None
         os.environ.update(self.layout.env())  # the managers and workers started from now on see it
-        self.tc = transfer_client(s, s.token_path(endpoint_dir))
         self.stager = Stager(s, self.tc, self._staged).start()
         self.held: dict[int, dict] = {}   # task key -> {"events", "out": [ItemKey], "rec"}
 
