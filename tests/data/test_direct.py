@@ -1,0 +1,278 @@
+"""The direct connector and its object server on loopback: a real rendezvous server (in a
+thread), a real ObjectServer joining real comm channels, producer and consumer connectors
+told apart by their endpoint ids (SKYFN_ENDPOINT_ID). Through NATs: test_direct_nat.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import rendezvous
+from endpoint_agent.object_server import ObjectServer, parse_direct_config
+from skyfn.data import RefAccessDenied, RefResolutionError, Store, capability, codec, context
+from skyfn.data.connectors import from_config
+from skyfn.data.connectors.direct import DirectConnector, channel_stats, close_channels
+from skyfn.data.errors import DataConfigError, DataError
+from skyfn.data.ref import ref_info
+from skyfn.data.store import cache
+
+RDV_SECRET = "direct-test-secret"
+STORE_SECRET = bytes(range(32))
+
+
+@pytest.fixture(scope="module")
+def rdv():
+    handle = rendezvous.serve_in_thread("127.0.0.1", 0, RDV_SECRET)
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture
+def site(rdv, tmp_path, unique, monkeypatch):
+    """An object server for store `st-<unique>`, the producer's store (local) and a consumer's
+    store (another endpoint: it pulls through the server)."""
+    monkeypatch.setenv("SKYFN_RENDEZVOUS_SECRET", RDV_SECRET)
+    monkeypatch.setenv("SKYFN_ENDPOINT_ID", "ep-consumer")
+    name, store = f"objects.{unique}", f"st-{unique}"
+    directory = str(tmp_path / "objects")
+    server = ObjectServer(rdv.address, name, directory, {store: STORE_SECRET},
+                          lambda: rendezvous.make_token(RDV_SECRET, name), endpoint_id="ep-producer",
+                          timeout=20).start()
+    producer = Store(store, DirectConnector(rdv.address, name, directory, endpoint_id="ep-producer", local=True),
+                     secret=STORE_SECRET, register=False)
+    consumer = Store(store, DirectConnector(rdv.address, name, directory, endpoint_id="ep-producer"),
+                     secret=STORE_SECRET, register=False)
+    context.set_user("alice")
+    yield server, producer, consumer
+    context.set_user(None)
+    close_channels()
+    server.stop()
+
+
+def fresh(store: Store, ref):
+    """Resolve through the connector, not this process's cache."""
+    info = ref_info(ref)
+    cache.drop((info.store, info.key))
+    return store.resolve(info)
+
+
+def test_config_round_trips_without_secrets(rdv, tmp_path):
+    conn = DirectConnector(rdv.address, "objects.ep-1", str(tmp_path), endpoint_id="ep-1", token_file="~/tok",
+                           timeout=30)
+    cfg = conn.config()
+    assert cfg == {"kind": "direct", "rendezvous": rdv.address, "name": "objects.ep-1", "directory": str(tmp_path),
+                   "endpoint_id": "ep-1", "token_file": "~/tok", "timeout": 30.0}
+    again = from_config(cfg)
+    assert again.config() == cfg and isinstance(again, DirectConnector)
+    with pytest.raises(DataConfigError, match="needs 'rendezvous'"):
+        from_config({"kind": "direct", "name": "x"})
+    with pytest.raises(DataConfigError, match="unexpected keyword argument 'colour'.*allowed keys: rendezvous"):
+        from_config({"kind": "direct", "rendezvous": "h:1", "name": "x", "colour": "red"})
+    with pytest.raises(DataConfigError, match="is not a listener name"):
+        DirectConnector("h:1", "bad/name")
+    with pytest.raises(DataConfigError, match="is not 'host:port'"):
+        DirectConnector("nohost", "x")
+
+
+def test_who_is_local(rdv, tmp_path, monkeypatch):
+    conn = DirectConnector(rdv.address, "objects.ep-1", str(tmp_path), endpoint_id="ep-1")
+    monkeypatch.setenv("SKYFN_ENDPOINT_ID", "ep-1")
+    assert conn.local                                   # a worker of the producer's endpoint
+    monkeypatch.setenv("SKYFN_ENDPOINT_ID", "ep-2")
+    assert not conn.local                               # another endpoint, even on a shared file system
+    with pytest.raises(DataError, match="put/evict run on the producer's endpoint \\(ep-1\\)"):
+        conn.put("k", [b"x"])
+    monkeypatch.delenv("SKYFN_ENDPOINT_ID")
+    assert not conn.local                               # the SDK on a laptop pulls too
+    assert DirectConnector(rdv.address, "objects.x", str(tmp_path)).local            # no ids: the directory decides
+    assert not DirectConnector(rdv.address, "objects.x", str(tmp_path / "absent")).local
+
+
+def test_local_put_get_exists_evict_and_ttl(rdv, tmp_path):
+    conn = DirectConnector(rdv.address, "objects.l", str(tmp_path / "o"), local=True)
+    conn.put("a", [b"he", b"llo"])
+    conn.put("b", [b"gone soon"], ttl=0.05)
+    assert bytes(conn.get("a")) == b"hello" and conn.exists("a") and conn.exists("b")
+    time.sleep(0.1)
+    assert conn.get("b") is None and not conn.exists("b")
+    conn.evict("a")
+    conn.evict("a")                                     # evicting a missing key is not an error
+    assert conn.get("a") is None and not conn.exists("a")
+    assert sorted(os.listdir(tmp_path / "o")) == []
+
+
+def test_array_pulled_through_the_object_server_equal(site):
+    server, producer, consumer = site
+    array = np.random.default_rng(3).random(1 << 20)              # 8 MiB
+    ref = producer.ref(array, owner="alice", ttl=60)
+    assert not consumer.connector.local
+    got = fresh(consumer, ref)
+    assert np.array_equal(got, array) and got.flags.writeable
+    (channel,) = channel_stats()[server.name]
+    assert channel["mode"] == "direct" and channel["bytes_received"] >= array.nbytes
+    # the channel is reused: a second pull does not call again
+    assert np.array_equal(fresh(consumer, ref), array)
+    assert server.stats["calls"] == 1 and server.stats["served"] == 2
+    assert consumer.exists(ref_info(ref).key) and not consumer.exists("0" * 32)
+
+
+def test_another_users_task_is_refused_by_the_object_server(site):
+    server, producer, consumer = site
+    ref = producer.ref(np.arange(10), owner="alice", share_with=["bob"], ttl=60)
+    info = ref_info(ref)
+    assert list(codec.decode(consumer.connector.get_for(info, "bob"))) == list(range(10))   # a reader
+    with pytest.raises(RefAccessDenied) as err:
+        consumer.connector.get_for(info, "mallory")
+    assert str(err.value) == (f"cannot resolve ref {info.key!r} of store {info.store!r}: it belongs to alice and is "
+                              "not shared with mallory: ask its owner to share it (store.ref(obj, share_with=[...])); "
+                              f"refused by the object server {server.name} of endpoint ep-producer")
+    with pytest.raises(RefAccessDenied, match="not shared with an unknown user"):
+        consumer.connector.get_for(info, None)
+    forged = capability.sign(b"not the store's secret" * 2, info.store, info.key, "mallory")
+    with pytest.raises(RefAccessDenied, match=r"not signed by this store .*\(checked by the object server"):
+        consumer.connector.get_for(type(info)(**{**info.__dict__, "capability": forged}), "mallory")
+    with pytest.raises(RefResolutionError, match="serves store st-.*, not 'other': the ref names another store"):
+        consumer.connector.get_for(type(info)(**{**info.__dict__, "store": "other"}), "alice")
+    assert server.stats["refused"] == 3
+
+
+def test_evicted_expired_and_use_once_refs_fail_with_the_reason(site):
+    server, producer, consumer = site
+    ref = producer.ref(b"x" * 1000, owner="alice", ttl=60)
+    producer.evict(ref_info(ref).key)
+    with pytest.raises(RefResolutionError) as err:
+        fresh(consumer, ref)
+    assert str(err.value) == (f"cannot resolve ref {ref_info(ref).key!r} of store {producer.name!r}: no such object on "
+                              f"the object server {server.name} of endpoint ep-producer: evicted by its owner, past "
+                              "its TTL, or already used (a ref made with evict=True resolves once)")
+    # a TTL that passed on the producer's side (a capability without expiry, to reach the server)
+    producer.connector.put("short", [b"soon gone"], ttl=0.05)
+    cap = capability.sign(STORE_SECRET, producer.name, "short", "alice")
+    time.sleep(0.1)
+    info = type(ref_info(ref))(producer.name, consumer.connector.config(), "short", cap)
+    with pytest.raises(RefResolutionError, match=r"its TTL passed at 20\d\d-.* UTC: the object server .* no longer"):
+        consumer.connector.get_for(info, "alice")
+    once = producer.ref(np.arange(5), owner="alice", evict=True)
+    assert list(fresh(consumer, once)) == [0, 1, 2, 3, 4]
+    assert not producer.exists(ref_info(once).key)                    # evicted by the object server as it served
+    with pytest.raises(RefResolutionError, match="already used"):
+        fresh(consumer, once)
+
+
+def test_several_consumers_are_served_at_once(site):
+    server, producer, consumer = site
+    arrays = [np.full(1 << 18, i, dtype=np.int64) for i in range(6)]
+    refs = [producer.ref(a, owner="alice", ttl=60) for a in arrays]
+    results, errors = {}, []
+    barrier = threading.Barrier(len(refs))
+
+    def pull(i):
+        context.set_user("alice")
+        try:
+            barrier.wait()
+            results[i] = np.array_equal(fresh(consumer, refs[i]), arrays[i])
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+    threads = [threading.Thread(target=pull, args=(i,)) for i in range(len(refs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [] and results == {i: True for i in range(len(refs))}
+    assert server.stats["calls"] >= 2 and server.stats["served"] == len(refs)   # concurrent pulls, own channels
+
+
+def test_a_channel_the_server_closed_is_replaced(rdv, tmp_path, unique, monkeypatch):
+    monkeypatch.setenv("SKYFN_RENDEZVOUS_SECRET", RDV_SECRET)
+    monkeypatch.setenv("SKYFN_ENDPOINT_ID", "ep-consumer")
+    name, directory = f"objects.idle-{unique}", str(tmp_path / "o")
+    with ObjectServer(rdv.address, name, directory, {"s": STORE_SECRET}, lambda: rendezvous.make_token(RDV_SECRET, name),
+                      timeout=0.5) as server:
+        producer = Store("s", DirectConnector(rdv.address, name, directory, local=True), secret=STORE_SECRET,
+                         register=False)
+        consumer = Store("s", DirectConnector(rdv.address, name, directory, endpoint_id="ep-producer"),
+                         secret=STORE_SECRET, register=False)
+        ref = producer.ref([1, 2, 3], owner="alice")
+        context.set_user("alice")
+        assert fresh(consumer, ref) == [1, 2, 3]
+        time.sleep(1.5)                                  # the server closes the idle channel after 0.5 s
+        assert fresh(consumer, ref) == [1, 2, 3]         # the pooled one fails, a fresh call succeeds
+        assert server.stats["calls"] == 2
+    close_channels()
+
+
+def test_no_listener_and_no_token_are_clear(rdv, tmp_path, monkeypatch):
+    monkeypatch.setenv("SKYFN_ENDPOINT_ID", "ep-consumer")
+    monkeypatch.setenv("SKYFN_RENDEZVOUS_SECRET", RDV_SECRET)
+    conn = DirectConnector(rdv.address, "objects.nobody", str(tmp_path), endpoint_id="ep-producer")
+    store = Store("s", conn, secret=STORE_SECRET, register=False)
+    ref = Store("s", DirectConnector(rdv.address, "objects.nobody", str(tmp_path), local=True), secret=STORE_SECRET,
+                register=False).ref(1, owner="alice")
+    context.set_user("alice")
+    with pytest.raises(RefResolutionError, match="cannot reach the object server 'objects.nobody' .*no_listener: no "
+                                                 "object server listens as objects.nobody"):
+        fresh(store, ref)
+    monkeypatch.delenv("SKYFN_RENDEZVOUS_SECRET")
+    with pytest.raises(RefResolutionError, match="has no rendezvous token: set SKYFN_DIRECT_TOKEN"):
+        fresh(store, ref)
+    monkeypatch.setenv("SKYFN_DIRECT_TOKEN", rendezvous.make_token("wrong", "objects.nobody"))
+    with pytest.raises(RefResolutionError, match="bad_token.*not made with the rendezvous server's secret"):
+        fresh(store, ref)
+    context.set_user(None)
+
+
+def _cli(args, env, timeout=30):
+    return subprocess.run([sys.executable, "-m", "endpoint_agent.object_server", *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **env})
+
+
+def test_standalone_server_errors_name_the_fix(rdv, tmp_path, unique):
+    base = ["--rendezvous", rdv.address, "--name", f"objects.cli-{unique}", "--store", "s",
+            "--directory", str(tmp_path / "o")]
+    env = {"SKYFN_RENDEZVOUS_SECRET": RDV_SECRET}
+    done = _cli(base, env)
+    assert done.returncode == 1 and "no secret for store 's': set SKYFN_DIRECT_STORE_SECRET" in done.stderr
+    done = _cli(base, {"SKYFN_RENDEZVOUS_SECRET": "", "SKYFN_DIRECT_STORE_SECRET": "00" * 32})
+    assert done.returncode == 1 and "has no rendezvous token" in done.stderr
+    done = _cli(base, {"SKYFN_RENDEZVOUS_SECRET": "wrong", "SKYFN_DIRECT_STORE_SECRET": "00" * 32})
+    assert done.returncode == 1 and "refused LISTEN: bad_token" in done.stderr
+    assert "wrong" not in done.stderr.replace("wrong secret", "")
+    # a running one holds the name; a second is refused with name_taken, then the first stops cleanly
+    ready = tmp_path / "ready.json"
+    first = subprocess.Popen([sys.executable, "-m", "endpoint_agent.object_server", *base, "--ready-file", str(ready)],
+                             env={**os.environ, **env, "SKYFN_DIRECT_STORE_SECRET": "00" * 32},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = json.loads(first.stdout.readline())
+        assert line["listening"] == f"objects.cli-{unique}" and ready.exists()
+        done = _cli(base, {**env, "SKYFN_DIRECT_STORE_SECRET": "00" * 32})
+        assert done.returncode == 1 and "refused LISTEN: name_taken" in done.stderr
+    finally:
+        first.terminate()
+        assert first.wait(15) == 0
+    assert RDV_SECRET not in first.stderr.read()
+
+
+def test_endpoint_config_section():
+    cfg = parse_direct_config({"rendezvous": "rdv.example.org:7300", "token_file": "~/t"})
+    conn = cfg.connector_config("ep-9")
+    assert conn["name"] == "objects.ep-9" and conn["endpoint_id"] == "ep-9" and conn["kind"] == "direct"
+    assert conn["token_file"] == os.path.expanduser("~/t") and "secret" not in json.dumps(conn).replace("secret_", "")
+    assert from_config(conn).config()["rendezvous"] == "rdv.example.org:7300"
+    with pytest.raises(ValueError, match=r"data.direct.rendezvous is required \(the rendezvous server as host:port\)"):
+        parse_direct_config({})
+    with pytest.raises(ValueError, match="unknown key data.direct.port; allowed keys: rendezvous, name, directory"):
+        parse_direct_config({"rendezvous": "h:1", "port": 3})
+    with pytest.raises(ValueError, match="data.direct.rendezvous: 'h' is not allowed"):
+        parse_direct_config({"rendezvous": "h"})
+    with pytest.raises(ValueError, match="port 70000 is not a TCP port"):
+        parse_direct_config({"rendezvous": "h:70000"})
+    with pytest.raises(ValueError, match="must be a mapping"):
+        parse_direct_config("h:1")
