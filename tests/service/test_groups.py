@@ -100,7 +100,7 @@ def test_invalid_policy_is_422_with_line_key_and_reason(api, eps):
     assert body["details"] == [
         {"line": 3, "key": "t[1].strategy",
          "reason": "unknown strategy 'fastest' (expected one of: any, best_first, warm_first, shortest_backlog, "
-                   "round_robin)"},
+                   "round_robin, data_local)"},
         {"line": 5, "key": "t[2].invalidate.capacity_used",
          "reason": "bad percentage '200%': give a number above 0 and at most 100, e.g. 50%"}]
     assert body["message"].startswith("policy rejected: line 3: t[1].strategy: unknown strategy 'fastest'")
