@@ -217,3 +217,21 @@ def test_cli_checks_the_paper_layout(tmp_path):
     assert out.returncode == 0, out
     assert out.stdout.splitlines()[0] == f"{f}: valid, 1 tag (f_tag)"
     assert "tag 'f_tag' -> worker 'local_w1' ('f_tag' block 1, line 2)" in out.stdout
+
+
+def test_libyaml_and_pyyaml_parsers_load_the_same_policies(monkeypatch):
+    """The loader parses with libyaml when PyYAML has it; PyYAML's own parser must give the
+    same policy, lines included (it is the fallback, and the one errors are reported from)."""
+    from pathlib import Path
+
+    from skyfn.placement import loader
+
+    texts = [PAPER_LAYOUT, *(textwrap.dedent(t) for t in OTHER_LAYOUTS.values()),
+             Path(__file__).with_name("aapp_figure3.yaml").read_text()]
+
+    def lines(policy):
+        return {n: (tp.line, [b.line for b in tp.blocks]) for n, tp in policy.tags.items()}
+
+    fast = [(shape(p), lines(p)) for p in map(load_policy, texts)]
+    monkeypatch.setattr(loader, "_LIBYAML", None)
+    assert [(shape(p), lines(p)) for p in map(load_policy, texts)] == fast
