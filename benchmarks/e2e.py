@@ -1,14 +1,22 @@
 """End-to-end benchmark of the embedded runtime, with peers run in the same process.
 
-    python -m benchmarks.e2e [--json] [--tasks 10000] [--rtt 300] [--peers pool,parsl]
+    python -m benchmarks.e2e [--json] [--tasks 10000] [--rtt 300] [--big 100000] [--peers pool,parsl]
 
 Starts everything it needs (redis-server, moto, the local gateway and an endpoint with
 2 workers, in a private SKYFN_HOME) and stops it afterwards. Measures:
 
-- single-task round trip (Client.run + get_result, one at a time): p50 / p99;
-- completion time of a batch of no-op tasks through the Executor (submit all, wait all);
+- single-task round trip with the results push (Executor.submit(...).result(), one at a
+  time): p50 / p99 (``rtt_p50_ms``); and with the long-poll (Client.run + get_result:
+  ``rtt_poll_p50_ms``);
+- completion time of a batch of no-op tasks through the Executor (submit all, wait all),
+  and the API requests it took with the push and with the long-poll
+  (``api_requests_per_10k``: HTTP requests + WebSocket connections, scaled to 10,000 tasks);
+- a batch of ``--big`` no-ops (``batch_100k_tasks_per_s``) with the peak RSS of the
+  service (its process and its Lambda environments) and of the agent (agent, manager,
+  workers), sampled every 0.1 s;
 - the same batch on concurrent.futures.ProcessPoolExecutor(2) and, when installed,
-  Parsl's HighThroughputExecutor with 2 workers (logging off), and prints ratios.
+  Parsl's HighThroughputExecutor with 2 workers (logging off), and prints ratios
+  (``rtt_p50_over_htex``: our push round trip over HTEX's, the same run).
 
 The last line printed is one JSON object (with --json).
 """
@@ -37,7 +45,62 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def bench_skyfn(tasks: int, rtt_n: int) -> dict:
+def count_requests(client) -> list[int]:
+    """Count the HTTP requests a Client sends: [all, POST /tasks/status ones]."""
+    counter = [0, 0]
+    send = client._http.request
+
+    def counted(method, path, *args, **kwargs):
+        counter[0] += 1
+        counter[1] += path == "/tasks/status"
+        return send(method, path, *args, **kwargs)
+
+    client._http.request = counted
+    return counter
+
+
+class PeakRss:
+    """Peak resident memory of process trees (a pid and its children), sampled in a thread."""
+
+    def __init__(self, pids: dict[str, int], period: float = 0.1):
+        import threading
+
+        self.pids, self.period = pids, period
+        self.peak = {name: 0 for name in pids}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._stop.is_set():
+            for name, pid in self.pids.items():
+                try:
+                    root = psutil.Process(pid)
+                    total = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+                except psutil.Error:
+                    continue
+                self.peak[name] = max(self.peak[name], total)
+            self._stop.wait(self.period)
+
+    def __enter__(self) -> "PeakRss":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def batch_run(executor, tasks: int) -> float:
+    t = time.perf_counter()
+    out = list(executor.map(noop, range(tasks)))
+    elapsed = time.perf_counter() - t
+    assert out == list(range(tasks))
+    return elapsed
+
+
+def bench_skyfn(tasks: int, rtt_n: int, big: int = 0) -> dict:
     from infra.local import runtime
     from skyfn import Client, Executor
 
@@ -55,21 +118,46 @@ def bench_skyfn(tasks: int, rtt_n: int) -> dict:
             fid = client.register_function(noop)
             for i in range(20):  # warm connections, caches and workers
                 client.get_result(client.run(fid, i, endpoint_id=endpoint_id), timeout=30)
-            rtts = []
+            poll_rtts = []
             for i in range(rtt_n):
                 t = time.perf_counter()
                 assert client.get_result(client.run(fid, i, endpoint_id=endpoint_id), timeout=30) == i
+                poll_rtts.append((time.perf_counter() - t) * 1000)
+        with Executor(endpoint="local") as ex:  # the results push
+            for i in range(20):
+                ex.submit(noop, i).result(timeout=30)
+            rtts = []
+            for i in range(rtt_n):
+                t = time.perf_counter()
+                assert ex.submit(noop, i).result(timeout=30) == i
                 rtts.append((time.perf_counter() - t) * 1000)
-        with Executor(endpoint="local") as ex:
-            list(ex.map(noop, range(200)))  # warm-up
-            t = time.perf_counter()
-            out = list(ex.map(noop, range(tasks)))
-            batch = time.perf_counter() - t
-        assert out == list(range(tasks))
+            push_stats = ex.push_stats
+        requests, result_requests, batch = {}, {}, 0.0
+        for mode in ("push", "poll"):
+            with Client() as c, Executor(endpoint="local", client=c, push=mode == "push") as ex:
+                batch_run(ex, 200)  # warm-up
+                counter = count_requests(c)
+                connects = ex.push_stats.get("connects", 0)
+                elapsed = batch_run(ex, tasks)
+                ws = ex.push_stats.get("connects", 0) - connects
+                requests[mode] = round((counter[0] + ws) * 10_000 / tasks, 1)
+                result_requests[mode] = round((counter[1] + ws) * 10_000 / tasks, 1)
+                if mode == "push":
+                    batch = elapsed
+        big_result = {}
+        if big:
+            st = runtime.status(home)
+            pids = {name: st["processes"][name]["pid"] for name in ("service", "agent", "redis")}
+            with Executor(endpoint="local") as ex, PeakRss(pids) as rss:
+                batch_run(ex, 1000)
+                elapsed = batch_run(ex, big)
+            big_result = {"tasks_per_s": big / elapsed, "s": elapsed,
+                          "peak_rss_mb": {k: round(v / 2**20, 1) for k, v in rss.peak.items()}}
     finally:
         runtime.down(home, echo=lambda *_: None)
     return {"batch_s": batch, "rtt_p50_ms": statistics.median(rtts), "rtt_p99_ms": percentile(rtts, 0.99),
-            "startup_s": startup}
+            "rtt_poll_p50_ms": statistics.median(poll_rtts), "rtt_poll_p99_ms": percentile(poll_rtts, 0.99),
+            "startup_s": startup, "requests": requests, "result_requests": result_requests, "big": big_result, "push_stats": push_stats}
 
 
 def bench_pool(tasks: int, rtt_n: int) -> dict:
@@ -129,11 +217,12 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     parser.add_argument("--tasks", type=int, default=10_000)
     parser.add_argument("--rtt", type=int, default=300, help="sequential single-task round trips")
+    parser.add_argument("--big", type=int, default=100_000, help="tasks of the sustained batch (0: skip it)")
     parser.add_argument("--peers", default="pool,parsl", help="comma-separated: pool, parsl, or none")
     args = parser.parse_args()
     peers = {p for p in args.peers.split(",") if p and p != "none"}
 
-    results = {"skyfn": bench_skyfn(args.tasks, args.rtt)}
+    results = {"skyfn": bench_skyfn(args.tasks, args.rtt, args.big)}
     if "pool" in peers:
         results["process_pool"] = bench_pool(args.tasks, args.rtt)
     if "parsl" in peers:
@@ -144,6 +233,7 @@ def main() -> None:
             results["parsl_htex"] = parsl_result
 
     sky = results["skyfn"]
+    extra = {k: sky.pop(k) for k in ("requests", "result_requests", "big", "push_stats", "rtt_poll_p50_ms", "rtt_poll_p99_ms")}
     print(f"{'system':<14} {args.tasks:>6} tasks (s) {'tasks/s':>9} {'rtt p50 ms':>11} {'rtt p99 ms':>11}")
     for name, r in results.items():
         print(f"{name:<14} {r['batch_s']:>16.2f} {args.tasks / r['batch_s']:>9.0f} {r['rtt_p50_ms']:>11.2f} "
@@ -163,6 +253,25 @@ def main() -> None:
         "peers": {k: {kk: round(vv, 3) for kk, vv in v.items()} for k, v in results.items() if k != "skyfn"},
         "ratios": {k: round(v, 2) for k, v in ratios.items()},
     }
+    summary["rtt_poll_p50_ms"] = round(extra["rtt_poll_p50_ms"], 3)
+    summary["rtt_poll_p99_ms"] = round(extra["rtt_poll_p99_ms"], 3)
+    if "parsl_htex" in results:
+        summary["rtt_p50_over_htex"] = round(sky["rtt_p50_ms"] / results["parsl_htex"]["rtt_p50_ms"], 2)
+    summary["api_requests_per_10k"] = extra["requests"]
+    # of those, the ones that fetch results (status calls + WebSocket connections)
+    summary["result_requests_per_10k"] = extra["result_requests"]
+    if extra["requests"].get("push"):
+        summary["api_requests_poll_over_push"] = round(extra["requests"]["poll"] / extra["requests"]["push"], 1)
+    if extra["big"]:
+        summary[f"batch_{args.big // 1000}k_tasks_per_s" if args.big % 1000 == 0 else "batch_big_tasks_per_s"] = \
+            round(extra["big"]["tasks_per_s"])
+        summary["batch_big_s"] = round(extra["big"]["s"], 2)
+        summary["peak_rss_mb"] = extra["big"]["peak_rss_mb"]
+    summary["push_stats"] = extra["push_stats"]
+    print(f"round trip p50 with push {sky['rtt_p50_ms']:.2f} ms, with long-poll {extra['rtt_poll_p50_ms']:.2f} ms; "
+          f"API requests per 10k tasks: {extra['requests']}")
+    if extra["big"]:
+        print(f"{args.big} tasks: {extra['big']['tasks_per_s']:.0f} tasks/s, peak RSS (MiB) {extra['big']['peak_rss_mb']}")
     if args.json:
         print(json.dumps(summary))
 

@@ -46,6 +46,11 @@ FUNCTIONS: dict[str, FunctionSpec] = {spec.key: spec for spec in (
 )}
 AUTHORIZER = FunctionSpec("authorizer", "lambdas.authorizer.handler", 256, 10, None,
                           "API Gateway token authorizer for Globus Auth JWTs")
+# The results push's WebSocket API (infra/aws/stacks/push.py; issue 13)
+WS_ROUTES = FunctionSpec("ws", "lambdas.ws.handler", 256, 10, None,
+                         "WebSocket API routes: connect, disconnect, subscribe (results push)")
+WS_AUTHORIZER = FunctionSpec("ws-authorizer", "lambdas.ws.authorizer", 256, 10, None,
+                             "WebSocket API $connect authorizer: the REST API's tokens")
 
 # Interface VPC endpoints of the network stack (gateway endpoints: DynamoDB, S3).
 INTERFACE_ENDPOINTS = ("sqs", "secretsmanager", "sts", "logs", "states")

@@ -35,6 +35,7 @@ from infra.aws.config import (ARCHITECTURE, AUTHORIZER, FUNCTIONS, PYTHON_RUNTIM
                               RESULTS_BATCH_WINDOW_S, RESULTS_MAX_CONCURRENCY, DeployConfig, FunctionSpec)
 from infra.aws.stacks.common import retention
 from infra.aws.stacks.data import DataStack
+from infra.aws.stacks.push import ResultsPush
 from stepfunctions import catalog
 
 # What the handlers read (lambdas/config.py); the queues are created to match.
@@ -146,6 +147,8 @@ class ServiceStack(Stack):
                                                         retry_attempts=2, max_event_age=Duration.minutes(5))])
 
         self.api = self._rest_api(api_fn)
+        # the results push: WebSocket API, connection table, results function posting (issue 13)
+        self.push = ResultsPush(self, "ResultsPush", service=self, results_fn=results_fn)
         self._alarms()
         self._dashboard()
 
