@@ -143,3 +143,12 @@ test-security: install
 .PHONY: bench-memo
 bench-memo: install
 	$(PY) -m benchmarks.memo --json
+
+# issue 12: data plane — put -> resolved in another process at 1 KiB/1 MiB/100 MiB for the
+# redis, file, s3 (moto) and direct connectors, with ProxyStore 1.1.0's redis and file
+# connectors in the same run (ratios printed); the MapReduce word count's shuffle.
+.PHONY: bench-data bench-mapreduce
+bench-data: bench-deps
+	$(PY) -m benchmarks.data --json
+bench-mapreduce: install
+	$(PY) -m benchmarks.mapreduce --json
