@@ -8,6 +8,8 @@
         port: 0                 # 0 with start: any free port
         password_file: ~/.redis-pass   # default with start: generated in the endpoint directory (0600)
         tls: false
+      direct:                   # serve this endpoint's objects to other endpoints peer to peer (store "direct")
+        rendezvous: rdv.example.org:7300   # endpoint_agent/object_server.py DirectData: name, directory, token_file, ...
       stores:                   # more named stores, one connector each
         scratch: {connector: file, directory: /lustre/scratch/me/skyfn}
 
@@ -20,6 +22,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from endpoint_agent.object_server import DirectData, parse_direct_config
 from skyfn.data.connectors import CONNECTORS
 from skyfn.data.globus_config import GlobusSettings, parse_globus
 
@@ -55,7 +58,12 @@ class DataConfig(BaseModel):
     redis: Optional[RedisData] = None
     stores: dict[str, dict[str, Any]] = Field(default_factory=dict)
     globus: Optional[GlobusSettings] = None   # GlobusFile staging (skyfn.data.globus_config, endpoint_agent/staging.py)
-    direct: Optional[dict[str, Any]] = None
+    direct: Optional[DirectData] = None       # the object server of the direct path (endpoint_agent/object_server.py)
+
+    @field_validator("direct", mode="before")
+    @classmethod
+    def _direct(cls, value: Any) -> Any:
+        return None if value is None else parse_direct_config(value)
 
     @field_validator("globus", mode="before")
     @classmethod
@@ -77,11 +85,15 @@ class DataConfig(BaseModel):
                                  f"{', '.join(sorted(CONNECTORS))}")
             if name == "redis":
                 raise ValueError("store name 'redis' is the endpoint's own Redis (data: redis:); choose another name")
+            if name == "direct":
+                raise ValueError("store name 'direct' is the endpoint's direct store (data: direct:); choose another "
+                                 "name")
         return stores
 
     @model_validator(mode="after")
     def _default(self) -> "DataConfig":
-        names = set(self.stores) | ({"redis"} if self.redis is not None else set())
+        names = set(self.stores) | ({"redis"} if self.redis is not None else set()) | (
+            {"direct"} if self.direct is not None else set())
         if self.default is not None and self.default not in names:
             raise ValueError(f"default {self.default!r} is not a store of this endpoint; its stores: "
                              f"{', '.join(sorted(names)) or 'none (add data: redis: or data: stores:)'}")

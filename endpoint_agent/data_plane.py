@@ -67,6 +67,7 @@ class EndpointData:
         self.redis_proc: Optional[subprocess.Popen] = None
         self.redis_port: Optional[int] = None
         self.stores_file = self.dir / "stores.json"
+        self.objects = None   # the direct path's object server (endpoint_agent.object_server.ServerProcess)
 
     def start(self) -> "EndpointData":
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -81,6 +82,13 @@ class EndpointData:
             conn = {k: v for k, v in spec.items() if k != "connector"}
             stores[qualified(name, self.endpoint_id)] = {"connector": {"kind": spec["connector"], **conn},
                                                          "secret": secret}
+        if self.config.direct is not None:
+            from endpoint_agent.object_server import start_for_endpoint
+
+            name = qualified("direct", self.endpoint_id)
+            self.objects, connector = start_for_endpoint(self.config.direct, self.endpoint_id, name, secret,
+                                                         str(self.dir))
+            stores[name] = {"connector": connector, "secret": secret}
         default = self.config.default or ("redis" if qualified("redis", self.endpoint_id) in stores else None)
         write_stores_file(str(self.stores_file), stores,
                           qualified(default, self.endpoint_id) if default else None, self.endpoint_id)
@@ -155,6 +163,9 @@ class EndpointData:
                  self.redis_proc.pid)
 
     def stop(self) -> None:
+        objects, self.objects = self.objects, None
+        if objects is not None:
+            objects.stop()
         proc, self.redis_proc = self.redis_proc, None
         if proc is not None and proc.poll() is None:
             proc.terminate()

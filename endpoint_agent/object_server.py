@@ -424,12 +424,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--punch-timeout", type=float, default=3.0)
     p.add_argument("--max-channels", type=int, default=64)
     p.add_argument("--ready-file", default=None, help="written (JSON) once listening")
+    p.add_argument("--die-with-parent", action="store_true", help="exit when the parent (the agent) dies")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parser().parse_args(argv)
+    if args.die_with_parent:
+        from endpoint_agent.procutil import die_with_parent
+
+        die_with_parent(signal.SIGTERM)
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -508,6 +513,30 @@ def start_process(args: list[str], env: Optional[dict] = None, ready_timeout: fl
     os.unlink(ready)
     os.rmdir(os.path.dirname(ready))
     return ServerProcess(proc, info)
+
+
+def start_for_endpoint(settings: DirectData, endpoint_id: str, store: str, store_secret_hex: str,
+                       data_dir: str) -> tuple[ServerProcess, dict]:
+    """The agent's object server for `data: direct:` (a child that dies with the agent; its
+    log in `data_dir/object_server.log`) and the store's connector config. The store's secret
+    reaches it by environment; the rendezvous token by the agent's environment or the
+    section's token_file / secret_file."""
+    cfg = settings.connector_config(endpoint_id)
+    args = ["--rendezvous", cfg["rendezvous"], "--name", cfg["name"], "--store", store, "--directory",
+            cfg["directory"], "--endpoint-id", endpoint_id, "--timeout", str(settings.timeout), "--punch-timeout",
+            str(settings.punch_timeout), "--max-channels", str(settings.max_channels), "--die-with-parent"]
+    if settings.token_file:
+        args += ["--token-file", cfg["token_file"]]
+    if settings.secret_file:
+        args += ["--secret-file", cfg["secret_file"]]
+    env = {STORE_SECRET_ENV: store_secret_hex}
+    if settings.token_env != TOKEN_ENV and os.environ.get(settings.token_env):
+        env[TOKEN_ENV] = os.environ[settings.token_env]
+    if settings.secret_env != SECRET_ENV and os.environ.get(settings.secret_env):
+        env[SECRET_ENV] = os.environ[settings.secret_env]
+    proc = start_process(args, env=env, log_file=os.path.join(data_dir, "object_server.log"))
+    log.info("object server %s (pid %d) serves store %s from %s", cfg["name"], proc.pid, store, cfg["directory"])
+    return proc, cfg
 
 
 if __name__ == "__main__":

@@ -49,6 +49,10 @@ class _Resolver:
         info = self.info
         store = get_store(info.store)
         if store is None:
+            if info.connector.get("kind") == "direct":   # its object server checks the capability: no secret here
+                from skyfn.data.connectors.direct import resolve_without_store
+
+                return resolve_without_store(info)
             raise RefResolutionError(info.store, info.key, f"store {info.store!r} is not known in this process "
                                      f"({info.connector.get('kind')} connector): run the task on an endpoint whose "
                                      "config defines it (data: stores:), or create Store(name, connector, secret=...) "

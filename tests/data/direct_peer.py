@@ -6,15 +6,16 @@
 Environment: SKYFN_ENDPOINT_ID (the producer's is the connector's endpoint id, so it is
 local there; the consumer's differs, so it pulls through the object server),
 SKYFN_RENDEZVOUS_SECRET (for the CALL token), SKYFN_TEST_STORE / SKYFN_TEST_STORE_SECRET
-(the store's name and hex secret: the consumer endpoint knows the store, as its stores
-file would say).
+(the store's name and hex secret, given to the producer only: the consumer knows neither,
+as a task on another endpoint would not, and resolves through the object server's check).
 
 produce: puts a deterministic float64 array of NBYTES as alice's ref, and a second small
 ref that it evicts at once; prints one JSON line {"ref": b64 pickle, "evicted": b64 pickle,
 "sha256": ..., "put_s": ...}.
 consume: reads that JSON line on stdin and prints one JSON line per check: the array as
-alice (sha256, seconds, channel stats), as mallory through the Store (refused here) and
-straight at the object server (refused there), and the evicted ref (missing there).
+alice (sha256, seconds, channel stats), a copy of the ref as mallory (refused by the object
+server), the connector asked straight for mallory (refused there too), and the evicted
+ref (missing there).
 """
 from __future__ import annotations
 
@@ -28,18 +29,19 @@ import time
 import traceback
 
 
-def _store(rendezvous: str, name: str, directory: str):
-    from skyfn.data import Store
+def _connector(rendezvous: str, name: str, directory: str):
     from skyfn.data.connectors.direct import DirectConnector
 
-    conn = DirectConnector(rendezvous, name, directory, endpoint_id="ep-producer", timeout=60)
-    return Store(os.environ["SKYFN_TEST_STORE"], conn, secret=os.environ["SKYFN_TEST_STORE_SECRET"])
+    return DirectConnector(rendezvous, name, directory, endpoint_id="ep-producer", timeout=60)
 
 
 def produce(rendezvous: str, name: str, directory: str, nbytes: int) -> dict:
     import numpy as np
 
-    store = _store(rendezvous, name, directory)
+    from skyfn.data import Store
+
+    store = Store(os.environ["SKYFN_TEST_STORE"], _connector(rendezvous, name, directory),
+                  secret=os.environ["SKYFN_TEST_STORE_SECRET"])
     array = np.random.default_rng(12).random(nbytes // 8)
     t = time.monotonic()
     ref = store.ref(array, owner="alice", ttl=600)
@@ -65,8 +67,9 @@ def consume(rendezvous: str, name: str, directory: str) -> None:
     from skyfn.data import context
     from skyfn.data.connectors.direct import channel_stats
     from skyfn.data.ref import ref_info
+    from skyfn.data.store import get_store
 
-    store = _store(rendezvous, name, directory)
+    connector = _connector(rendezvous, name, directory)
     made = json.loads(sys.stdin.readline())
     ref = pickle.loads(base64.b64decode(made["ref"]))
     gone = pickle.loads(base64.b64decode(made["evicted"]))
@@ -78,23 +81,27 @@ def consume(rendezvous: str, name: str, directory: str) -> None:
         array = np.asarray(ref)
         seconds = time.monotonic() - t
         return {"sha256": hashlib.sha256(array.tobytes()).hexdigest(), "seconds": seconds,
-                "shape": list(array.shape), "local": store.connector.local, "channels": channel_stats()}
+                "shape": list(array.shape), "local": connector.local, "store_known": get_store(info.store) is not None,
+                "channels": channel_stats()}
 
-    def as_mallory_store():
+    def as_mallory_ref():
+        from skyfn.data.store import cache
+
         context.set_user("mallory")
-        store.resolve(info)      # a fresh resolve (the cache is checked against the user too)
+        cache.drop((info.store, info.key, info.capability))     # ask the object server, not this process's cache
+        np.asarray(pickle.loads(base64.b64decode(made["ref"])))
         return {}
 
     def as_mallory_server():
-        data = store.connector.get_for(info, "mallory")
+        data = connector.get_for(info, "mallory")
         return {"size": len(data)}
 
     def evicted():
         context.set_user("alice")
-        store.resolve(ref_info(gone))
+        bytes(gone)
         return {}
 
-    for check, fn in (("alice", as_alice), ("mallory_store", as_mallory_store),
+    for check, fn in (("alice", as_alice), ("mallory_ref", as_mallory_ref),
                       ("mallory_server", as_mallory_server), ("evicted", evicted)):
         print(json.dumps({"check": check, **_attempt(fn)}), flush=True)
 

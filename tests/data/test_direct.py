@@ -276,3 +276,78 @@ def test_endpoint_config_section():
         parse_direct_config({"rendezvous": "h:70000"})
     with pytest.raises(ValueError, match="must be a mapping"):
         parse_direct_config("h:1")
+
+
+def test_a_task_on_another_endpoint_resolves_without_the_stores_secret(site):
+    """The consumer's process does not know the store (no secret): the Ref resolves through
+    the object server's check, is cached under that capability, and the cache refuses others."""
+    import pickle
+
+    from skyfn.data.store import get_store
+
+    server, producer, consumer = site
+    array = np.arange(1 << 16, dtype=np.float32)
+    ref = pickle.loads(pickle.dumps(producer.ref(array, owner="alice", share_with=["bob"], ttl=60)))
+    assert get_store(producer.name) is None
+    context.set_user("bob")
+    assert np.array_equal(np.asarray(ref), array) and server.stats["served"] == 1
+    again = pickle.loads(pickle.dumps(ref))
+    assert np.array_equal(np.asarray(again), array) and server.stats["served"] == 1     # this process's cache
+    context.set_user("mallory")
+    with pytest.raises(RefAccessDenied, match="belongs to alice and is not shared with mallory"):
+        np.asarray(pickle.loads(pickle.dumps(ref)))
+    assert server.stats["served"] == 1
+    context.set_user("alice")
+    gone = producer.ref(b"bytes", owner="alice")
+    producer.evict(ref_info(gone).key)
+    with pytest.raises(RefResolutionError, match="no such object on the object server"):
+        bytes(pickle.loads(pickle.dumps(gone)))
+
+
+def test_endpoint_data_section_takes_direct(tmp_path):
+    from endpoint_agent.config import ConfigError, parse_config
+
+    cfg = parse_config({"data": {"default": "direct", "direct": {"rendezvous": "rdv.example.org:7300"}}})
+    assert cfg.data.direct.rendezvous == "rdv.example.org:7300" and cfg.data.default == "direct"
+    with pytest.raises(ConfigError, match="unknown key data.direct.rendevous; allowed keys: rendezvous"):
+        parse_config({"data": {"direct": {"rendevous": "h:1"}}})
+    with pytest.raises(ConfigError, match="store name 'direct' is the endpoint's direct store"):
+        parse_config({"data": {"stores": {"direct": {"connector": "file", "directory": str(tmp_path)}}}})
+
+
+def test_agent_data_plane_starts_and_stops_the_object_server(rdv, tmp_path, monkeypatch):
+    """`data: direct:` in an endpoint's config: EndpointData (what the agent runs) starts the
+    object server as a child, publishes the store `direct@<endpoint>` to workers, and stops it."""
+    from endpoint_agent.data_config import DataConfig
+    from endpoint_agent.data_plane import EndpointData
+    from skyfn.data.store import load_stores_file, read_stores_file
+
+    monkeypatch.setenv("SKYFN_RENDEZVOUS_SECRET", RDV_SECRET)
+    monkeypatch.setenv("SKYFN_DATA_STORES", "")
+    monkeypatch.setenv("SKYFN_ENDPOINT_ID", "")
+    config = DataConfig.model_validate({"default": "direct", "direct": {"rendezvous": rdv.address,
+                                                                         "directory": str(tmp_path / "objects")}})
+    data = EndpointData(config, tmp_path / "ep", "ep-7").start()
+    try:
+        name = "objects.ep-7"
+        assert rdv.server.listeners.get(name) is not None               # listening before the agent goes on
+        doc = read_stores_file(str(data.stores_file))
+        assert doc["default"] == "direct@ep-7"
+        conn = doc["stores"]["direct@ep-7"]["connector"]
+        assert conn["kind"] == "direct" and conn["name"] == name and conn["endpoint_id"] == "ep-7"
+        (store,) = load_stores_file(str(data.stores_file))              # as a worker of ep-7 loads it
+        assert store.connector.local                                    # the agent set SKYFN_ENDPOINT_ID=ep-7
+        ref = store.ref({"answer": 42}, owner="alice")
+        monkeypatch.setenv("SKYFN_ENDPOINT_ID", "ep-8")                 # now a task on another endpoint
+        context.set_user("alice")
+        assert fresh(Store(store.name, from_config(conn), secret=store.secret, register=False), ref) == {"answer": 42}
+        assert RDV_SECRET not in (tmp_path / "ep" / "data" / "object_server.log").read_text()
+    finally:
+        context.set_user(None)
+        close_channels()
+        data.stop()
+    assert data.objects is None
+    deadline = time.monotonic() + 10
+    while rdv.server.listeners.get("objects.ep-7") is not None:
+        assert time.monotonic() < deadline, "the object server still listens after stop"
+        time.sleep(0.05)

@@ -5,9 +5,10 @@ endpoint_agent.object_server`) and a producer process that puts a 100 MB numpy a
 alice's ref; on the consumer's side a process that resolves it through a punched channel.
 
 - port-keeping NATs: the channel is direct (to the producer router's public address) and
-  the array arrives equal (sha256); mallory is refused by the consumer's store and, asked
-  directly, by the object server, each naming the ref, the store and the reason; an evicted
-  ref fails with the object server's reason;
+  the array arrives equal (sha256) in a consumer that does not know the store's secret
+  (the object server checks the capability); mallory's task holding the ref is refused by
+  the object server, naming the ref, the store and the reason; an evicted ref fails with
+  the object server's reason;
 - symmetric NATs (--random-fully): punching cannot work, the channel is relayed through the
   rendezvous server, and the array still arrives equal.
 """
@@ -58,10 +59,12 @@ def _pull(topo: NatTopology, nbytes: int, tmp_path) -> tuple[dict, dict, str]:
     directory = str(tmp_path / "objects")
     rdv = start_rendezvous(topo, RDV_SECRET, PORT, log_level="info")
     server = _object_server(topo, directory, store_secret, tmp_path)
-    env = {"SKYFN_RENDEZVOUS_SECRET": RDV_SECRET, "SKYFN_TEST_STORE": STORE, "SKYFN_TEST_STORE_SECRET": store_secret}
+    env = {"SKYFN_RENDEZVOUS_SECRET": RDV_SECRET}
     args = [f"{topo.public_ip}:{PORT}", NAME, directory]
     producer = topo.run(topo.sites[0].ns, [os.sys.executable, "-m", "tests.data.direct_peer", "produce", *args,
-                                           str(nbytes)], timeout=60, env={**env, "SKYFN_ENDPOINT_ID": "ep-producer"})
+                                           str(nbytes)], timeout=60,
+                        env={**env, "SKYFN_ENDPOINT_ID": "ep-producer", "SKYFN_TEST_STORE": STORE,
+                             "SKYFN_TEST_STORE_SECRET": store_secret})
     made = json.loads(producer.stdout.strip().splitlines()[-1])
     assert "error" not in made, made
     consumer = topo.python(topo.sites[1].ns, ["-m", "tests.data.direct_peer", "consume", *args],
@@ -114,21 +117,19 @@ def test_100mb_array_pulled_through_punched_nats_and_refusals(topology, tmp_path
     assert alice["ok"], alice
     assert alice["sha256"] == made["sha256"] and alice["shape"] == [(100 << 20) // 8]
     assert alice["local"] is False                      # the consumer endpoint pulled, it did not read a file
+    assert alice["store_known"] is False                # ... without the store's secret: the object server checked
     (channel,) = alice["channels"][NAME]
     assert channel["mode"] == "direct", channel
     assert channel["address"].rsplit(":", 1)[0] == topo.sites[0].public_ip    # the producer's NAT, nothing else
     assert channel["bytes_received"] >= 100 << 20
     key = _key(made)
 
-    refused = checks["mallory_store"]               # the consumer's store refuses before asking
-    assert not refused["ok"] and refused["type"] == "RefAccessDenied"
-    assert refused["error"] == (f"cannot resolve ref {key!r} of store {STORE!r}: it belongs to alice and is not shared "
-                                "with mallory: ask its owner to share it (store.ref(obj, share_with=[...]))")
-    refused = checks["mallory_server"]              # the object server refuses too, and says it did
-    assert not refused["ok"] and refused["type"] == "RefAccessDenied"
-    assert refused["error"] == (f"cannot resolve ref {key!r} of store {STORE!r}: it belongs to alice and is not shared "
-                                "with mallory: ask its owner to share it (store.ref(obj, share_with=[...])); refused "
-                                f"by the object server {NAME} of endpoint ep-producer")
+    for check in ("mallory_ref", "mallory_server"):  # mallory's task holding the ref; the connector asked directly
+        refused = checks[check]
+        assert not refused["ok"] and refused["type"] == "RefAccessDenied", refused
+        assert refused["error"] == (f"cannot resolve ref {key!r} of store {STORE!r}: it belongs to alice and is not "
+                                    "shared with mallory: ask its owner to share it (store.ref(obj, "
+                                    f"share_with=[...])); refused by the object server {NAME} of endpoint ep-producer")
     missing = checks["evicted"]
     assert not missing["ok"] and missing["type"] == "RefResolutionError"
     assert f"of store {STORE!r}: no such object on the object server {NAME} of endpoint ep-producer: evicted by its " \

@@ -301,7 +301,7 @@ class DirectConnector:
 
     @classmethod
     def from_config(cls, config: dict) -> "DirectConnector":
-        config = dict(config)
+        config = {k: v for k, v in config.items() if k != "kind"}
         try:
             rendezvous, name = config.pop("rendezvous"), config.pop("name")
         except KeyError as exc:
@@ -383,6 +383,40 @@ class DirectConnector:
                 raise RefResolutionError(store, key, reason)
             return head, data
         raise AssertionError("unreachable")
+
+
+# ---- refs of stores this process does not know ---------------------------------------------------
+
+def resolve_without_store(info) -> Any:
+    """Resolve a direct ref (a RefInfo) in a process that does not know its store and so has
+    no secret to check the capability with -- a task on another endpoint: the object server
+    checks it (and the user) where the bytes are. Cached per process under the exact
+    capability the server accepted, so a cache hit is checked against the asking user and
+    the expiry from that capability alone."""
+    from skyfn.data import capability, codec
+    from skyfn.data.store import cache
+
+    user = context.current_user()
+    ck = (info.store, info.key, info.capability)
+    hit = cache.get(ck)
+    if hit is not None:
+        cap = capability.peek(info.capability)
+        if cap.expires is not None and time.time() > cap.expires:
+            cache.drop(ck)
+        elif not cap.allows(user):
+            raise RefAccessDenied(info.store, info.key, f"it belongs to {cap.owner} and is not shared with "
+                                  f"{user or 'an unknown user'}: ask its owner to share it "
+                                  "(store.ref(obj, share_with=[...]))")
+        else:
+            return hit[0]
+    data = DirectConnector.from_config(info.connector).get_for(info, user)
+    if data is None:
+        raise RefResolutionError(info.store, info.key, "no such object: evicted by its owner, past its TTL, or "
+                                 "already used (a ref made with evict=True resolves once)")
+    obj = codec.decode(data)
+    if not info.evict:
+        cache.put(ck, obj, info.size)
+    return obj
 
 
 # ---- for benchmarks: a producer's connector with its own rendezvous and object server ----------
