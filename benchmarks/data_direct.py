@@ -1,0 +1,166 @@
+"""The direct path vs Redis: put in a producer -> resolved in a consumer process (issue 12).
+
+    python -m benchmarks.data_direct [--json] [--sizes 1kib,1mib,100mib] [--reps-small 30] [--reps-large 7]
+
+On loopback: a rendezvous server and the object server (child processes, started by
+`skyfn.data.connectors.direct.benchmark_connector`), a password-protected redis-server
+(ours, stopped by PID), this process as the producer and one spawned consumer process.
+For each size a numpy uint8 array of that many bytes is put as a ref (`store.ref(array,
+evict=True)`), the pickled ref goes over a pipe, and the consumer resolves it and reports
+CLOCK_MONOTONIC (one clock for every process of a machine), so each sample is put ->
+resolved. The consumer knows the Redis store (its secret) but not the direct one: it
+resolves direct refs through the object server's capability check, as a task on another
+endpoint would, over a channel it keeps between pulls (the first pull's call and punch
+are in the warm-ups). Median after two warm-ups per cell. The last line (--json) holds
+`direct_over_redis_<size>` (goal for 100 MiB: <= 0.5).
+
+`pair_seconds(kind, nbytes, reps)` runs one such producer/consumer pair and returns the
+samples in seconds (kind "direct" or "redis"); benchmarks/data.py uses
+`benchmark_connector(store, secret)` for its own harness.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+SIZES = {"1kib": 1 << 10, "1mib": 1 << 20, "100mib": 100 << 20}
+SECRET = os.urandom(32).hex()
+
+
+def _consume(pipe, stores: dict) -> None:
+    """The consumer process: registers `stores` (name -> (connector config, secret)), then
+    answers each pickled ref with (monotonic time when resolved, size in bytes)."""
+    os.environ["SKYFN_DATA_CACHE_BYTES"] = "0"          # every sample goes to the connector
+    from skyfn.data import Store, context
+    from skyfn.data.connectors import from_config
+
+    context.set_user("bench")
+    for name, (config, secret) in stores.items():
+        Store(name, from_config(config), secret=secret)
+    while True:
+        msg = pipe.recv_bytes()
+        if not msg:
+            break
+        ref = pickle.loads(msg)
+        size = memoryview(ref.__wrapped__).nbytes
+        pipe.send((time.monotonic(), size))
+        del ref
+
+
+class Pair:
+    """This process as the producer of `stores` (kind -> Store), one consumer process."""
+
+    def __init__(self, stores: dict, known: dict):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.stores = stores
+        self.pipe, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_consume, args=(child, known), daemon=True)
+        self.proc.start()
+        child.close()
+
+    def once(self, kind: str, payload) -> float:
+        t0 = time.monotonic()
+        ref = self.stores[kind].ref(payload, evict=True, owner="bench")
+        self.pipe.send_bytes(pickle.dumps(ref))
+        t1, size = self.pipe.recv()
+        if size != payload.nbytes:
+            raise RuntimeError(f"the consumer resolved {size} bytes, not {payload.nbytes}")
+        return t1 - t0
+
+    def close(self) -> None:
+        try:
+            self.pipe.send_bytes(b"")
+        except OSError:
+            pass
+        self.proc.join(30)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+class Setup:
+    """Servers and stores of one run (context manager: everything stops by PID at exit)."""
+
+    def __enter__(self) -> "Setup":
+        from infra.local.processes import start_redis
+        from skyfn.data import Store
+        from skyfn.data.connectors.direct import benchmark_connector
+        from skyfn.data.connectors.redis import RedisConnector
+
+        self.work = Path(tempfile.mkdtemp(prefix="skyfn-bench-direct-"))
+        self.redis = start_redis(self.work / "redis", appendonly=False, secure=True)
+        os.environ["SKYFN_DATA_REDIS_PASSWORD"] = (self.work / "redis" / "redis.password").read_text().strip()
+        self.stores = {"redis": Store("bench-redis", RedisConnector(port=self.redis.port), secret=SECRET),
+                       "direct": Store("bench-direct", benchmark_connector("bench-direct", SECRET), secret=SECRET)}
+        # the consumer knows the Redis store; the direct one it resolves without its secret
+        self.pair = Pair(self.stores, {"bench-redis": (self.stores["redis"].connector.config(), SECRET)})
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from skyfn.data.connectors.direct import stop_benchmark
+
+        self.pair.close()
+        stop_benchmark()
+        self.redis.stop()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def pair_seconds(kind: str, nbytes: int, reps: int = 5, warmup: int = 2) -> list[float]:
+    """Seconds from put in a producer to resolved in a consumer process, `reps` samples."""
+    import numpy as np
+
+    payload = np.frombuffer(os.urandom(nbytes), dtype=np.uint8)
+    with Setup() as s:
+        for _ in range(warmup):
+            s.pair.once(kind, payload)
+        return [s.pair.once(kind, payload) for _ in range(reps)]
+
+
+def main() -> None:
+    import numpy as np
+
+    parser = argparse.ArgumentParser(description="direct vs Redis: put -> resolved in another process")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--sizes", default=",".join(SIZES))
+    parser.add_argument("--reps-small", type=int, default=30)
+    parser.add_argument("--reps-large", type=int, default=7)
+    args = parser.parse_args()
+    load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    results: dict[str, dict] = {}
+    with Setup() as s:
+        for label in [x for x in args.sizes.split(",") if x]:
+            nbytes = SIZES[label]
+            payload = np.frombuffer(os.urandom(nbytes), dtype=np.uint8)
+            reps = args.reps_large if nbytes >= 16 << 20 else args.reps_small
+            for kind in ("redis", "direct"):
+                for _ in range(2):
+                    s.pair.once(kind, payload)
+            samples = {"redis": [], "direct": []}
+            for _ in range(reps):                       # interleaved: both see the same machine load
+                for kind in ("redis", "direct"):
+                    samples[kind].append(s.pair.once(kind, payload))
+            for kind, times in samples.items():
+                results.setdefault(kind, {})[label] = {"median_ms": round(statistics.median(times) * 1000, 3),
+                                                       "min_ms": round(min(times) * 1000, 3), "reps": reps}
+                print(f"  {kind:<7} {label:>7} median {statistics.median(times) * 1000:10.3f} ms  "
+                      f"min {min(times) * 1000:10.3f} ms  (n={reps})", flush=True)
+    summary = {"load_average_start": load_start,
+               "load_average_end": " ".join(f"{x:.2f}" for x in os.getloadavg()), "results": results}
+    for label in results.get("direct", {}):
+        summary[f"direct_over_redis_{label}"] = round(results["direct"][label]["median_ms"]
+                                                      / results["redis"][label]["median_ms"], 3)
+    print("ratios:", {k: v for k, v in summary.items() if "_over_" in k})
+    if args.json:
+        print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
