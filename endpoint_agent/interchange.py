@@ -56,14 +56,15 @@ from endpoint_agent.config import EndpointConfig, is_loopback
 from endpoint_agent.outbox import Outbox
 from endpoint_agent.poller import Delivery
 from endpoint_agent.procutil import child_env, describe_exit
+from endpoint_agent.task_record import (  # noqa: F401 - re-exported for tests
+    T_FN, T_ID, T_MGR, T_PACK, T_PAYLOAD, T_RECV, T_ROUTE, T_TRIES, T_WALL,
+)
 from skyfn.protocol import blobs
 from skyfn.protocol.messages import PACK_MAX_BYTES
 from skyfn.protocol.states import now
 
 log = logging.getLogger("skyfn.agent.interchange")
 
-# task record fields
-T_ID, T_FN, T_PAYLOAD, T_WALL, T_PACK, T_RECV, T_TRIES, T_ROUTE, T_MGR = range(9)
 PLAIN = (wire.NO_CONTAINER, 0, 0)  # route of a task with no container and no resources
 MANAGER_CHECK_S = 0.1
 UPDATES_PER_BODY = 2000  # ~200 KB of TaskUpdates per result message at most
@@ -639,7 +640,7 @@ class Interchange:
             t = self.tasks.pop(key)
             self.cancelled += 1
             if self.staging is not None:
-                self.staging.forget(key)
+                self.staging.forget(tid)
             if t[T_MGR] is not None:
                 m = self.managers.get(t[T_MGR])
                 if m is not None:
@@ -914,6 +915,8 @@ class Interchange:
         self._room()
 
     def _add_result(self, rec: dict, pack: int) -> None:
+        if self.staging is not None and self.staging.held:
+            self.staging.settle(rec)
         if not self.results:
             self.first_buffered = time.monotonic()
         if rec["state"] == "SUCCEEDED":

@@ -64,7 +64,7 @@ class ManagerPlacement:
             state.set_running(m.id, counts, untagged=untagged)
 
     def dispatch(self, ix: "Interchange", live: list["ManagerHandle"]) -> None:
-        from endpoint_agent.interchange import T_ROUTE
+        from endpoint_agent.task_record import T_ROUTE
         from endpoint_agent.wire import NO_CONTAINER
 
         self.sync(live, ix.tasks, T_ROUTE)
@@ -106,7 +106,7 @@ class ManagerPlacement:
                     dq.appendleft(keys.pop())
 
     def _refuse(self, ix: "Interchange", dq: collections.deque, reason: str) -> None:
-        from endpoint_agent.interchange import T_ID, T_PACK, T_RECV
+        from endpoint_agent.task_record import T_ID, T_PACK, T_RECV
 
         while dq:
             key = dq.popleft()

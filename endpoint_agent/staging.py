@@ -303,12 +303,12 @@ class TaskStaging:
             raise ConfigError(str(exc)) from None
         os.environ.update(self.layout.env())  # the managers and workers started from now on see it
         self.stager = Stager(s, self.tc, self._staged).start()
-        self.held: dict[int, dict] = {}   # task key -> {"events", "out": [ItemKey], "rec"}
+        self.held: dict[str, dict] = {}   # task id -> {"key", "events", "out": [ItemKey], "rec"}
 
     # called from ingest for a task whose spec lists files
     def admit(self, key: int, t: list, spec) -> bool:
         """Hold the task for its inputs (True), or let it be pended now (False: nothing to fetch)."""
-        from endpoint_agent.interchange import T_MGR
+        from endpoint_agent.task_record import T_ID, T_MGR
 
         lay = self.layout
         ins = [(i["collection"], i["path"], lay.collection, lay.endpoint_path(i["collection"], i["path"]))
@@ -320,35 +320,34 @@ class TaskStaging:
             if o["collection"] != lay.collection:
                 outs.append((lay.collection, lay.endpoint_path(o["collection"], o["path"], True),
                              o["collection"], o["path"]))
-        self.held[key] = {"events": [], "out": outs}
+        h = self.held[t[T_ID]] = {"key": key, "events": [], "out": outs}
         if not ins:
             return False
-        self.held[key]["events"].append([STAGING_IN, now()])
+        h["events"].append([STAGING_IN, now()])
         t[T_MGR] = STAGING
-        self.stager.request(("in", key), ins)
+        self.stager.request(("in", key, t[T_ID]), ins)
         return True
 
-    def _staged(self, job: tuple[str, int], error: Optional[str]) -> None:
+    def _staged(self, job: tuple[str, int, str], error: Optional[str]) -> None:
         self.ix.control.append(("staged", (job, error, now())))
         self.ix.wake_up()
 
     # called from do_control
-    def on_staged(self, job: tuple[str, int], error: Optional[str], ts: float) -> None:
-        from endpoint_agent.interchange import T_MGR, T_PACK, T_RECV, T_ID
+    def on_staged(self, job: tuple[str, int, str], error: Optional[str], ts: float) -> None:
+        from endpoint_agent.task_record import T_ID, T_MGR, T_PACK, T_RECV
 
-        direction, key = job
+        direction, key, tid = job
         ix = self.ix
         t = ix.tasks.get(key)
-        h = self.held.get(key)
+        h = self.held.get(tid)
         if t is None or h is None or t[T_MGR] is not STAGING:  # cancelled meanwhile
-            self.held.pop(key, None)
             return
         if direction == "in":
             if error is not None:
                 del ix.tasks[key]
-                self.held.pop(key, None)
+                del self.held[tid]
                 log.warning("task %s failed: stage-in: %s", t[T_ID], error)
-                ix._add_result({"task_id": t[T_ID], "state": "FAILED", "reason": f"stage-in failed: {error}",
+                ix._add_result({"task_id": tid, "state": "FAILED", "reason": f"stage-in failed: {error}",
                                 "events": [["DISPATCHED", t[T_RECV]], *h["events"]]}, t[T_PACK])
                 ix._room()
                 return
@@ -356,9 +355,9 @@ class TaskStaging:
             t[T_MGR] = None
             ix._pend(key, t)
             return
-        rec = h.pop("rec")
+        rec = h["rec"]
         del ix.tasks[key]
-        self.held.pop(key, None)
+        del self.held[tid]
         if error is None:
             rec["events"].append([STAGED_OUT, ts])
         else:
@@ -370,27 +369,34 @@ class TaskStaging:
     # called from on_results before the result is added
     def result(self, key: int, t: list, rec: dict) -> bool:
         """Add the staging events to rec; True when the task is held for its outputs."""
-        from endpoint_agent.interchange import T_MGR
+        from endpoint_agent.task_record import T_MGR
 
-        h = self.held.get(key)
+        h = self.held.get(rec["task_id"])
         if h is None:
             return False
-        ev = rec["events"]
-        ev[1:1] = h["events"]  # after DISPATCHED, before RUNNING
+        rec["events"][1:1] = h["events"]  # after DISPATCHED, before RUNNING
         if rec["state"] != "SUCCEEDED" or not h["out"]:
-            del self.held[key]
+            del self.held[rec["task_id"]]
             return False
-        rec["events"] = ev + [[STAGING_OUT, now()]]
+        rec["events"].append([STAGING_OUT, now()])
         h["rec"] = rec
         t[T_MGR] = STAGING
         self.ix.tasks[key] = t
-        self.stager.request(("out", key), h["out"])
+        self.stager.request(("out", key, rec["task_id"]), h["out"])
         return True
 
-    def forget(self, key: int) -> None:
-        if self.held.pop(key, None) is not None:
-            self.stager.forget(("in", key))
-            self.stager.forget(("out", key))
+    def settle(self, rec: dict) -> None:
+        """A held task ended another way (lost manager, timeout, no node fits): its events, no leak."""
+        h = self.held.pop(rec["task_id"], None)
+        if h is not None:
+            rec["events"][1:1] = h["events"]
+            self.stager.forget(("in", h["key"], rec["task_id"]))
+
+    def forget(self, tid: str) -> None:
+        h = self.held.pop(tid, None)
+        if h is not None:
+            self.stager.forget(("in", h["key"], tid))
+            self.stager.forget(("out", h["key"], tid))
 
     def close(self) -> None:
         self.stager.stop()

@@ -17,10 +17,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from lambdas.config import GATEWAY_PROVIDERS
 from lambdas.core import jwt_keys
 
 AUDIENCE = "skyfn"
-GATEWAY_PROVIDERS = ("cognito", "globus")
 
 
 class Unauthorized(Exception):

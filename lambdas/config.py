@@ -5,6 +5,10 @@ import functools
 import os
 from dataclasses import dataclass
 
+# Providers whose tokens API Gateway's authorizer verifies before the handler runs
+# (lambdas/auth.py trusts the gateway's identity; agents then use SQS sessions).
+GATEWAY_PROVIDERS = ("cognito", "globus")
+
 
 @dataclass(frozen=True)
 class Settings:

@@ -27,7 +27,7 @@ from typing import Optional
 
 import redis
 
-from lambdas.config import settings
+from lambdas.config import GATEWAY_PROVIDERS, settings
 from lambdas.core import deps
 
 log = logging.getLogger("skyfn.agent_keys")
@@ -161,6 +161,4 @@ def usable_at_api() -> bool:
     """Whether agents can present the credential to the API: not behind API Gateway's user
     authorizer (Cognito, Globus), which refuses anything but the issuer's tokens. There the
     agent keeps its owner's token for the API and gets SQS session credentials instead."""
-    from lambdas.auth import GATEWAY_PROVIDERS
-
     return settings().auth_provider not in GATEWAY_PROVIDERS
