@@ -8,7 +8,7 @@ ready-made bodies; the OpenAPI document still describes them with their models.
 from __future__ import annotations
 
 import base64
-from typing import Annotated
+from typing import Annotated, Optional
 
 import orjson
 import redis
@@ -18,7 +18,7 @@ from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from aws_lambda_powertools.event_handler.middlewares import NextMiddleware
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
-from aws_lambda_powertools.event_handler.openapi.params import Body, Path
+from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
@@ -43,6 +43,7 @@ from skyfn.protocol.api import (
     SubmitTasks,
     Submitted,
     TaskInfo,
+    TaskList,
     TaskStatus,
 )
 from skyfn.protocol.workflows import BatchStatus, BatchSubmitted, RunFlow, RunGroup, RunStarted, RunStatus, SubmitBatch
@@ -196,6 +197,17 @@ def submit_tasks(body: Annotated[SubmitTasks, Body()]):
 @app.post("/tasks/status", responses={**_ok(200, StatusResponse), **_errors(401, 422)})
 def task_status(body: Annotated[StatusRequest, Body()]):
     return _json(200, tasks.status(_user(), body.task_ids, body.wait, body.include_events, body.cursor))
+
+
+@app.get("/tasks", responses={**_ok(200, TaskList), **_errors(401, 422)})
+def list_tasks(since: Annotated[float, Query(ge=0)] = 0.0,
+               endpoint_id: Annotated[Optional[str], Query(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9-]+$")] = None,
+               limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
+               history: Annotated[bool, Query()] = True):
+    """The caller's tasks created since `since` (epoch seconds), newest first, with events."""
+    from lambdas.core import task_list
+
+    return _json(200, task_list.list_tasks(_user(), since, endpoint_id, limit, history))
 
 
 @app.get("/tasks/<task_id>", responses={**_ok(200, TaskInfo), **_errors(401, 404, 422)})

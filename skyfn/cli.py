@@ -9,9 +9,12 @@
     skyfn rendezvous --host H --port P --secret S   run the communicator's rendezvous server
     skyfn policy check FILE [--tag T] [--state S]  validate an aAPP placement policy, explain decisions
     skyfn login [--local | --issuer URL --client-id ID --service URL [--device]]   keep a token (0600)
+    skyfn report [--since 1h] [--endpoint E] [--html FILE] [--png DIR]   plots from task events
 
 Implementations are imported inside the commands, so `import skyfn` (the SDK) never
-imports infra/, lambdas/ or moto. Errors are printed as one line; exit code 1.
+imports infra/, lambdas/ or moto. The `local` commands need the embedded runtime
+(`pip install 'skyfn[local]'`); without it they say so (skyfn/extras.py). Errors are printed
+as one line; exit code 1.
 Set SKYFN_DEBUG=1 to see the full traceback.
 """
 from __future__ import annotations
@@ -37,6 +40,13 @@ def _fail(message: str) -> None:
     raise typer.Exit(1)
 
 
+def _need_local(what: str) -> None:
+    """The embedded runtime is the `local` extra: say how to install it when it is missing."""
+    from skyfn.extras import require
+
+    require("local", what)
+
+
 def _run(action: Callable[[], object]):
     """Run `action`; any failure becomes one clear line on stderr and exit code 1."""
     try:
@@ -49,7 +59,7 @@ def _run(action: Callable[[], object]):
     except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
         if os.environ.get("SKYFN_DEBUG"):
             raise
-        known = type(exc).__name__ in ("LocalError",)
+        known = type(exc).__name__ in ("LocalError", "MissingExtra")
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         _fail(text if known else f"{type(exc).__name__}: {text} (run with SKYFN_DEBUG=1 for the traceback)")
 
@@ -66,6 +76,7 @@ def local_up(
 ) -> None:
     """Start redis-server, moto, the service and the endpoint 'local'; write the client config."""
     def action():
+        _need_local("skyfn local up")
         from infra.local import runtime
 
         runtime.up(home, detach=detach, port=port, aws_endpoint=aws_endpoint, endpoint=not no_endpoint,
@@ -78,6 +89,7 @@ def local_status(as_json: bool = typer.Option(False, "--json", help="print the r
                  home: Optional[str] = HomeOption) -> None:
     """Show each process (pid, alive, port), the service health and the endpoints."""
     def action():
+        _need_local("skyfn local status")
         from infra.local import runtime
 
         return runtime.status(home)
@@ -103,6 +115,7 @@ def local_status(as_json: bool = typer.Option(False, "--json", help="print the r
 def local_down(home: Optional[str] = HomeOption) -> None:
     """Stop the endpoint agent, the service, moto and redis-server (Redis data is kept)."""
     def action():
+        _need_local("skyfn local down")
         from infra.local import runtime
 
         runtime.down(home, echo=typer.echo)
@@ -115,6 +128,7 @@ def local_token(user: str = typer.Option(..., "--user", help="user name the toke
                 home: Optional[str] = HomeOption) -> None:
     """Mint a token of the local service for USER (print it)."""
     def action():
+        _need_local("skyfn local token")
         from infra.local import runtime
         from infra.local.state import StateDir
 
@@ -249,6 +263,7 @@ def login(
         if refresh_only:
             return flows.refresh(where)
         if local:
+            _need_local("skyfn login --local")
             from infra.local.runtime import local_user
 
             return flows.login_local(user or local_user(), home=where)
@@ -258,6 +273,29 @@ def login(
                                 echo=lambda m: typer.echo(m, err=True), home=where)
     path = _run(action)
     typer.echo(f"logged in; token kept in {path}")
+
+
+@app.command("report")
+def report(
+    since: str = typer.Option("1h", "--since", help="epoch seconds, ISO 8601 time, or an age: 30m, 2h, 1d"),
+    endpoint: Optional[str] = typer.Option(None, "--endpoint", help="only this endpoint (name or id)"),
+    html: Optional[str] = typer.Option(None, "--html", help="write one self-contained HTML file here"),
+    png: Optional[str] = typer.Option(None, "--png", help="write the PNG figures into this directory"),
+    limit: int = typer.Option(100_000, "--limit", help="at most this many tasks (newest first)"),
+) -> None:
+    """A report of your tasks from their events (skyfn.report): throughput, tasks in flight and
+    utilization with a Little's-law check, latency per stage, backlog per endpoint."""
+    def action():
+        from skyfn import Client
+
+        with Client() as client:
+            return client.report(since=since, endpoint=endpoint, html=html, png_dir=png, limit=limit)
+    result = _run(action)
+    typer.echo(result.text())
+    for name, path in result.pngs.items():
+        typer.echo(f"figure {name}: {path}")
+    if result.html is not None:
+        typer.echo(f"report written to {result.html}")
 
 
 def main() -> None:

@@ -372,6 +372,31 @@ class Client:
         return (answer or {}).get("state", "CANCELLED") == "CANCELLED"
 
     # -- endpoints ------------------------------------------------------------------
+    # -- seeing the work (DESIGN.md 11) --------------------------------------------------
+    def tasks(self, since: Union[float, str, None] = None, endpoint_id: Optional[str] = None, limit: int = 10_000,
+              history: bool = True) -> list[dict]:
+        """Your tasks created since ``since`` (epoch seconds, or "30m", "2h", "1d"; default
+        the last hour), newest first, with their events as [state, timestamp] pairs."""
+        from urllib.parse import urlencode
+
+        from skyfn.report.since import parse_since
+
+        query = {"since": f"{parse_since(since):.6f}", "limit": int(limit), "history": str(bool(history)).lower()}
+        if endpoint_id:
+            query["endpoint_id"] = endpoint_id
+        return self._http.get(f"/tasks?{urlencode(query)}")["tasks"]
+
+    def report(self, since: Union[float, str, None] = None, endpoint: Optional[str] = None,
+               html: Union[str, "os.PathLike[str]", None] = None, png_dir: Union[str, "os.PathLike[str]", None] = None,
+               limit: int = 100_000) -> Any:
+        """A report of your tasks built from their events (skyfn.report.Report: throughput,
+        tasks in flight and worker utilization with a Little's-law check, latency per stage,
+        backlog per endpoint). With ``html`` / ``png_dir`` it is also written there
+        (matplotlib). In a notebook the returned report displays itself."""
+        from skyfn.report import build
+
+        return build(self, since=since, endpoint=endpoint, html=html, png_dir=png_dir, limit=limit)
+
     def list_endpoints(self) -> list[dict]:
         return self._http.get("/endpoints")["endpoints"]
 

@@ -138,6 +138,19 @@ class Dynamo:
             for item in tasks:
                 batch.put_item(Item=_dynamo(item))
 
+    def tasks_since(self, owner: str, since: float, limit: int) -> list[dict[str, Any]]:
+        """The owner's finished tasks created at or after `since` (owner-index), newest first."""
+        kwargs: dict[str, Any] = {"IndexName": "owner-index", "ScanIndexForward": False,
+                                  "KeyConditionExpression": Key("owner").eq(owner) & Key("created").gte(Decimal(str(since)))}
+        out: list[dict[str, Any]] = []
+        while len(out) < limit:
+            page = self.tasks.query(Limit=min(1000, limit - len(out)), **kwargs)
+            out.extend(_plain(i) for i in page["Items"])
+            if "LastEvaluatedKey" not in page:
+                break
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return out
+
     def get_task(self, task_id: str) -> dict[str, Any] | None:
         item = self.tasks.get_item(Key={"task_id": task_id}).get("Item")
         return _plain(item) if item else None

@@ -18,6 +18,9 @@ batch at once, so a batch of 10,000 tasks costs a handful of round trips. Key la
                    (placement's live state at service level: lambdas/core/groups.py)
   memo:<owner>:<k> a memoized task's result (skyfn.protocol.memo key k), written by the
                    script that stores the SUCCEEDED result of a task created with 'mk' = k
+  recent:<owner>   zset task -> created: the owner's latest RECENT_MAX tasks (GET /tasks,
+                   reports and the status page; older ones come from the durable history);
+                   first:<owner> the time of the owner's first task (tells whether it is complete)
 """
 from __future__ import annotations
 
@@ -46,7 +49,11 @@ for i, t in ipairs(tasks) do
     tag = '_'
   end
   if t[3] ~= '' then redis.call('HINCRBY', 'load:' .. t[3], tag, 1) end
+  redis.call('ZADD', 'recent:' .. owner, now, t[1])
 end
+redis.call('ZREMRANGEBYRANK', 'recent:' .. owner, 0, -(tonumber(ARGV[6] or '100000') + 1))
+redis.call('EXPIRE', 'recent:' .. owner, 30 * 86400)
+redis.call('SETNX', 'first:' .. owner, now)
 return #tasks
 """
 
@@ -133,6 +140,7 @@ for i, t in ipairs(rows) do
     if t[6] and t[6] ~= cjson.null and t[6] ~= '' then redis.call('HSET', key, 'tg', t[6]) end
     redis.call('ZADD', 'purge', tonumber(now) + tonumber(ARGV[6]), t[1])
     redis.call('RPUSH', 'outbox', t[1])
+    redis.call('ZADD', 'recent:' .. owner, created, t[1])
     table.insert(ids, t[1])
   end
 end
@@ -268,6 +276,7 @@ class Notice:
 
 
 FINAL = frozenset({"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED"})
+RECENT_MAX = 100_000  # tasks per owner in recent:<owner>
 
 
 def _s(v: Any) -> str | None:
@@ -303,7 +312,8 @@ class TaskStore:
         """rows: [task_id, function_id, endpoint_id, payload, max_retries(, function tag(, memo
         key))]; all start QUEUED and count in load:<endpoint> until final (an empty
         endpoint_id: none). A task with a memo key caches its result when it SUCCEEDS."""
-        return int(self._create(args=[orjson.dumps(rows), f"{created:.6f}", owner, submission_id, f"{queued:.6f}"]))
+        return int(self._create(args=[orjson.dumps(rows), f"{created:.6f}", owner, submission_id, f"{queued:.6f}",
+                                      RECENT_MAX]))
 
     # --- memoization (skyfn.protocol.memo) -----------------------------------------
     def memo_lookup(self, owner: str, keys: list[str]) -> list[str | None]:
@@ -405,6 +415,39 @@ class TaskStore:
             out[tid] = TaskRow(tid, _s(v[0]), _s(v[1]), _s(v[2]), _s(v[3]), int(v[4]),
                                parse_events(ev) if ev is not None else None, _s(v[6]), _s(v[7]))
         return out
+
+    def recent(self, owner: str, since: float, limit: int) -> tuple[list[dict[str, str]], list[str], float | None]:
+        """The owner's tasks created at or after `since`, newest first (at most `limit`):
+        (records still in the hot store, with 'task_id'; ids whose record was purged; the
+        time from which the index is complete, None when it may miss older ones)."""
+        key = f"recent:{owner}"
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zrevrangebyscore(key, "+inf", since, start=0, num=limit)
+        pipe.zrange(key, 0, 0, withscores=True)
+        pipe.zcard(key)
+        pipe.get(f"first:{owner}")
+        got, oldest, size, first = pipe.execute()
+        ids = [i.decode() for i in got]
+        if not oldest:  # nothing indexed: complete if the owner never submitted anything
+            complete_from = 0.0 if first is None else None
+        elif size >= RECENT_MAX or (first is not None and float(first) < float(oldest[0][1]) - 1):
+            complete_from = float(oldest[0][1])  # trimmed, or expired after a month idle
+        else:
+            complete_from = 0.0  # every task the owner ever submitted is in it
+        fields = ("o", "f", "e", "s", "c", "ev", "r", "why")
+        pipe = self.r.pipeline(transaction=False)
+        for tid in ids:
+            pipe.hmget(f"t:{tid}", fields)
+        out = []
+        missing = []
+        for tid, values in zip(ids, pipe.execute() if ids else []):
+            if values[0] is not None:
+                rec = {k: v.decode() for k, v in zip(fields, values) if v is not None}
+                rec["task_id"] = tid
+                out.append(rec)
+            else:
+                missing.append(tid)
+        return out, missing, complete_from
 
     def record(self, task_id: str) -> dict[str, str]:
         raw = self.r.hgetall(f"t:{task_id}")

@@ -178,6 +178,24 @@ class StatusRequest(_Body):
                                   description="from the previous answer: only tasks finished since then are returned")
 
 
+class TaskListItem(BaseModel):
+    task_id: str
+    function_id: Optional[str] = None
+    endpoint_id: Optional[str] = None
+    state: Optional[str] = None
+    created: float
+    retries: int = 0
+    reason: Optional[str] = None
+    events: list[tuple[str, float]] = Field(default_factory=list, description="[state, epoch seconds], in order")
+
+
+class TaskList(BaseModel):
+    """GET /tasks: the caller's recent tasks, newest first (reports and the status page)."""
+    tasks: list[TaskListItem]
+    truncated: bool
+    since: float
+
+
 class TaskStatus(BaseModel):
     task_id: str
     state: str
