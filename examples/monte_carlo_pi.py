@@ -4,7 +4,8 @@ Starts the embedded service and the local endpoint when they are not running
 (`skyfn local up --detach`), maps the sampling function over 1,000+ tasks through the
 concurrent.futures Executor with a progress bar, then prints the estimate, the task
 count, the wall time and the median latency of each stage read back from the task
-events (service, queue wait, dispatch, run, return).
+events (service, queue wait, dispatch, run, return), and ends by writing the report of
+the run (`--report DIR`, default ./skyfn-report: PNGs and report.html) and saying where.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 
 def sample(n: int, seed: int) -> int:
@@ -48,12 +50,14 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=1000)
     parser.add_argument("--samples", type=int, default=20_000, help="points per task")
     parser.add_argument("--keep", action="store_true", help="leave the service running afterwards")
+    parser.add_argument("--report", default="skyfn-report", help="where the report of the run is written")
     args = parser.parse_args()
 
     started = ensure_local_service()
     from skyfn import Client, Executor
 
     client = Client()
+    started_at = time.time()
     try:
         t0 = time.perf_counter()
         with Executor(endpoint="local", client=client, progress=True) as ex:
@@ -69,6 +73,11 @@ def main() -> None:
         for name, values in stages.items():
             if values:
                 print(f"  {name:<11} {1000 * statistics.median(values):8.2f}")
+        # the pictures of this run, from the same events (skyfn report; DESIGN.md 11)
+        out = Path(args.report).resolve()
+        report = client.report(since=started_at - 1, endpoint="local", html=out / "report.html", png_dir=out)
+        print(f"\nreport of this run: {report.html}  (figures: {', '.join(p.name for p in report.pngs.values())} "
+              f"in {out})")
     finally:
         if started and not args.keep:
             subprocess.run([sys.executable, "-m", "skyfn.cli", "local", "down"], check=False)
