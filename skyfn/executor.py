@@ -378,6 +378,8 @@ class Executor(_BaseExecutor):
             self._close_bar()
 
     def _send_batch(self, batch: list[tuple[SkyfnFuture, str, str]]) -> None:
+        if self._pushed is not None and not self._pushed.connected:
+            self._pushed.ensure()  # subscribed before the tasks exist: no catching up needed
         live = [item for item in batch if not item[0].cancelled()]
         dropped = len(batch) - len(live)
         with self._cv:
