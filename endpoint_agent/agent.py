@@ -91,6 +91,7 @@ class Agent:
         return {
             "state": self.state,
             "workers": (ix.snapshot()["workers"] if ix else 0) or self.config.workers * self.config.managers,
+            **self._placement_stats(),
             "in_flight": ix.load() if ix else 0,
             "completed": ix.completed if ix else 0,
             "failed": ix.failed if ix else 0,
@@ -98,6 +99,15 @@ class Agent:
             "received_tasks": ix.received_tasks if ix else 0,
             "uptime": round(time.time() - self.started, 1),
         }
+
+    def _placement_stats(self) -> dict[str, Any]:
+        """Managers and warm containers per type, for the heartbeat (the status page shows them)."""
+        managers = self.interchange.snapshot().get("managers", []) if self.interchange else []
+        warm: dict[str, int] = {}
+        for mi in managers:
+            for ctype, n in mi["containers"].items():
+                warm[ctype] = warm.get(ctype, 0) + n
+        return {"manager_count": len(managers), "warm_containers": warm}
 
     def status(self) -> dict[str, Any]:
         ix = self.interchange
@@ -121,6 +131,8 @@ class Agent:
             "cold_starts": sum(mi["cold_starts"] for mi in managers),
             "scaling": self.blocks.status() if self.blocks is not None else None,
             "cancelled": ix.cancelled if ix else 0, "managers_lost": ix.managers_lost if ix else 0,
+            # Globus staging (data: globus:): items waiting, Transfer tasks in flight and submitted
+            "globus": ix.staging.stager.snapshot() if ix is not None and ix.staging is not None else None,
             # kind and name only: a queue URL may carry credentials
             "task_queue": ({"kind": self.task_queue_desc.kind, "name": self.task_queue_desc.name}
                            if self.task_queue_desc else None),

@@ -225,7 +225,7 @@ class Stager:
                 continue
             if status == "SUCCEEDED":
                 failed: dict[tuple[str, str], str] = {}
-                if task.get("files_skipped") or task.get("subtasks_skipped_errors"):
+                if task.get("subtasks_skipped_errors"):   # not files_skipped: those were in sync
                     for e in self.tc.paginated.task_skipped_errors(b.task_id).items():
                         failed[(e["source_path"], e["destination_path"])] = (
                             f"{e.get('error_code')}: {e.get('error_details')}")

@@ -97,6 +97,8 @@ class Task:
     skipped: list[dict] = field(default_factory=list)
     bytes_transferred: int = 0
     files_transferred: int = 0
+    files_skipped: int = 0          # left alone by the sync level (already up to date)
+    processed: int = 0              # items done so far (copied, in sync or skipped)
     cancel: threading.Event = field(default_factory=threading.Event)
 
     def document(self, collections: dict[str, Path]) -> dict:
@@ -122,11 +124,11 @@ class Task:
             "history_deleted": False,
             "files": n if self.kind == "TRANSFER" else 0, "directories": 0, "symlinks": 0,
             "delete_destination_extra": bool(self.options.get("delete_destination_extra")),
-            "files_transferred": self.files_transferred, "files_skipped": len(self.skipped),
+            "files_transferred": self.files_transferred, "files_skipped": self.files_skipped,
             "bytes_transferred": self.bytes_transferred, "bytes_checksummed": 0,
             "effective_bytes_per_second": int(self.bytes_transferred / elapsed),
             "subtasks_total": n, "subtasks_succeeded": len(self.succeeded),
-            "subtasks_pending": 0 if done else n - len(self.succeeded) - len(self.skipped),
+            "subtasks_pending": 0 if done else n - self.processed,
             "subtasks_failed": failed, "subtasks_retrying": 0, "subtasks_expired": 0,
             "subtasks_canceled": n - len(self.succeeded) - len(self.skipped) if self.status == "FAILED" else 0,
             "subtasks_skipped_errors": len(self.skipped),
@@ -341,8 +343,10 @@ class TransferStandIn:
                                         {"code": "CANCELED", "description": "The task was canceled by its owner"})
                 if task.kind == "DELETE":
                     self._delete(task, item)
+                    task.processed += 1
                     continue
                 error = self._copy(task, item)
+                task.processed += 1
                 if error is None:
                     continue
                 code, description = error
@@ -375,31 +379,57 @@ class TransferStandIn:
                 if not item.get("recursive"):
                     return "NOT_A_FILE", f"{item['source_path']} is a directory: set recursive"
                 files = [p for p in src.rglob("*") if p.is_file()]
-                for p in files:
-                    self._copy_file(task, p, dst / p.relative_to(src))
+                copied = [self._copy_file(task, p, dst / p.relative_to(src)) for p in files]
+                moved = any(copied) or not files
             else:
-                self._copy_file(task, src, dst)
+                moved = self._copy_file(task, src, dst)
         except FileNotFoundError:
             return "FILE_NOT_FOUND", "No such file or directory"
         except PermissionError:
             return "PERMISSION_DENIED", "Permission denied"
         except (IsADirectoryError, NotADirectoryError) as exc:
             return "ENDPOINT_ERROR", exc.strerror or str(exc)
-        task.succeeded.append({"DATA_TYPE": "successful_transfer", "source_path": item["source_path"],
-                               "destination_path": item["destination_path"]})
+        if moved:  # like Globus: files left alone by the sync level are not listed
+            task.succeeded.append({"DATA_TYPE": "successful_transfer", "source_path": item["source_path"],
+                                   "destination_path": item["destination_path"]})
         return None
 
-    def _copy_file(self, task: Task, src: Path, dst: Path) -> None:
+    @staticmethod
+    def _in_sync(level: Any, src: Path, dst: Path) -> bool:
+        """Globus's sync levels: 0/exists, 1/size, 2/mtime (destination not older), 3/checksum."""
+        if level is None or not dst.is_file():
+            return False
+        level = {"exists": 0, "size": 1, "mtime": 2, "checksum": 3}.get(level, level)
+        a, b = src.stat(), dst.stat()
+        if level == 0:
+            return True
+        if level == 1:
+            return a.st_size == b.st_size
+        if level == 2:
+            return a.st_size == b.st_size and b.st_mtime >= a.st_mtime
+        import hashlib
+
+        digest = [hashlib.sha256(p.read_bytes()).hexdigest() for p in (src, dst)]
+        return digest[0] == digest[1]
+
+    def _copy_file(self, task: Task, src: Path, dst: Path) -> bool:
+        if self._in_sync(task.options.get("sync_level"), src, dst):
+            task.files_skipped += 1
+            return False
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = dst.with_name(f".{dst.name}.globus-{task.task_id[:8]}.part")
         try:
             shutil.copyfile(src, tmp)
+            if task.options.get("preserve_timestamp") or task.options.get("sync_level") in ("mtime", 2):
+                st = src.stat()
+                os.utime(tmp, (st.st_atime, st.st_mtime))
             os.replace(tmp, dst)
         finally:
             if tmp.exists():
                 tmp.unlink()
         task.bytes_transferred += dst.stat().st_size
         task.files_transferred += 1
+        return True
 
     def _delete(self, task: Task, item: dict) -> None:
         target = self.local_path(task.source, item["path"])

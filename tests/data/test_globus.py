@@ -276,3 +276,20 @@ def test_bad_data_globus_config_lists_allowed_names():
         parse_config({"data": {"globus": {"collection": E}}})
     cfg = parse_config({"data": {"globus": {**base, "batch_size": 50}}})
     assert (cfg.data.globus.batch_size, cfg.data.globus.max_concurrent_transfers) == (50, 5)
+
+
+def test_sync_level_leaves_files_in_sync_alone(standin, dirs, tmp_path):
+    (dirs[A] / "same.dat").write_bytes(b"s" * 100)
+    save_tokens(tmp_path / "t.json", {TRANSFER_RS: {"access_token": TOKEN}})
+    s = settings(dirs[E], standin, tmp_path / "t.json", sync_level="mtime", batch_wait=0.0)
+    item = [(A, "/same.dat", E, "/s/same.dat")]
+    tc = client(standin)
+    for round_, expect in ((1, (1, 0)), (2, (0, 1))):
+        done, _ = run_stager(s, standin, {round_: item})
+        assert done == {round_: None}
+        task = tc.get_task(standin.log.transfer_tasks(A, E)[-1]["task_id"])
+        assert (task["files_transferred"], task["files_skipped"]) == expect
+    time.sleep(0.01)
+    (dirs[A] / "same.dat").write_bytes(b"n" * 100)            # newer at the source: copied again
+    run_stager(s, standin, {3: item})
+    assert (dirs[E] / "s" / "same.dat").read_bytes() == b"n" * 100

@@ -7,6 +7,7 @@ missing path fails its task with Globus's message."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 
@@ -121,6 +122,14 @@ def test_200_inputs_become_two_transfer_tasks_within_the_bound(site):
     tasks = standin.log.transfer_tasks(A, E)
     assert len(tasks) == 2 and sorted(t["items"] for t in tasks) == [100, 100]
     assert standin.log.max_active <= 2
+    status = site["home"] / "endpoints" / "local" / "status.json"   # `skyfn-endpoint status local --json`
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        globus = json.loads(status.read_text()).get("globus") or {}
+        if globus.get("items_moved", 0) >= 200:
+            break
+        time.sleep(0.2)
+    assert globus["transfers_submitted"] >= 2 and globus["max_active_transfers"] <= 2 and globus["jobs"] == 0
 
 
 def test_a_missing_path_fails_the_task_with_globus_message(site):
