@@ -138,6 +138,29 @@ test-security: install
 		tests/service/test_rendezvous_tokens.py \
 		tests/service/test_limits.py tests/sdk/test_login.py tests/e2e/test_security.py tests/e2e/test_large_data.py
 
+# issue 14: packaging — `make wheels`: the sdists, the pure-Python SDK wheel (skyfn) and the
+# platform wheel of the communicator (skyfn-comm, manylinux) in build/wheels, checked with twine
+# and auditwheel (tools in their own virtualenv, build/venvs/tools, from requirements-build.txt).
+# `make test-install` (part of `make test`, ~5 minutes): the SDK wheel alone into a fresh
+# virtualenv (binaries only, no compiler), `skyfn --help`, the sys.modules rule, and a function
+# run through an embedded runtime started from a fresh `skyfn[all]` install
+# (scripts/check_install.py). `make bench-install`: SDK vs globus-compute-sdk install size,
+# distributions and cold import time (benchmarks/install.py).
+TOOLS_VENV := build/venvs/tools
+TOOLS_STAMP := $(TOOLS_VENV)/.installed
+.PHONY: wheels test-install bench-install
+$(TOOLS_STAMP): requirements-build.txt
+	$(PYTHON) -m venv $(TOOLS_VENV)
+	$(TOOLS_VENV)/bin/python -m pip install -q -r requirements-build.txt
+	touch $(TOOLS_STAMP)
+wheels: $(TOOLS_STAMP)
+	$(TOOLS_VENV)/bin/python scripts/build_wheels.py --outdir build/wheels
+test-install: install wheels
+	$(PY) scripts/check_install.py --wheels build/wheels --workdir build/install-check
+test: test-install
+bench-install: wheels
+	$(PY) -m benchmarks.install --wheels build/wheels --json
+
 # issue 12: memoization — a 10,000-task map run twice with Executor(memoize=True): the
 # second run dispatches nothing (events read back) and its speed-up is printed.
 .PHONY: bench-memo

@@ -1,22 +1,44 @@
-"""Build of skyfn's compiled part: the communicator extension comm._core (Cython binding
-comm/_core.pyx over the C++17 core in comm/cpp, the same sources CMake builds). Everything
-else is declared in pyproject.toml; `pip install .` and `pip install -e .` both run this.
+"""What goes into the `skyfn` distribution (metadata: pyproject.toml).
+
+- A wheel or an sdist (`python -m build`, `pip install .`): pure Python -- skyfn, endpoint_agent,
+  lambdas, infra, rendezvous, stepfunctions -- and never the communicator, which is its own
+  platform wheel, skyfn-comm (packaging/skyfn-comm, scripts/build_wheels.py; `skyfn[comm]`).
+- An editable install (`pip install -e .`, what `make install` runs): also `comm`, with its
+  extension comm._core compiled in place (Cython binding comm/_core.pyx over the C++17 core
+  in comm/cpp, the same sources CMake builds), so a checkout has everything.
 """
+import sys
 from glob import glob
 
-from Cython.Build import cythonize
-from setuptools import Extension, setup
+from setuptools import find_packages, setup
 
-comm_core = Extension(
-    "comm._core",
-    sources=["comm/_core.pyx"] + sorted(glob("comm/cpp/src/*.cpp")),
-    include_dirs=["comm", "comm/cpp/include", "comm/cpp/src"],
-    language="c++",
-    extra_compile_args=["-std=c++17", "-O2", "-pthread", "-g0"],
-    extra_link_args=["-pthread"],
-)
+PURE = ["skyfn", "skyfn.*", "lambdas", "lambdas.*", "endpoint_agent", "endpoint_agent.*", "infra", "infra.*",
+        "rendezvous", "rendezvous.*", "stepfunctions", "stepfunctions.*"]
+EDITABLE = any(cmd in sys.argv for cmd in ("editable_wheel", "develop", "build_ext"))
+
+
+def comm_extension():
+    from Cython.Build import cythonize
+    from setuptools import Extension
+
+    core = Extension(
+        "comm._core",
+        sources=["comm/_core.pyx"] + sorted(glob("comm/cpp/src/*.cpp")),
+        include_dirs=["comm", "comm/cpp/include", "comm/cpp/src"],
+        language="c++",
+        extra_compile_args=["-std=c++17", "-O2", "-pthread", "-g0"],
+        extra_link_args=["-pthread"],
+    )
+    return cythonize([core], language_level=3)
+
+
+# directories of data files only, shipped as (namespace) packages of their own
+DATA_DIRS = ["stepfunctions.definitions", "infra.aws.docker"]
 
 setup(
-    ext_modules=cythonize([comm_core], language_level=3),
+    packages=find_packages(include=PURE + (["comm", "comm.*"] if EDITABLE else [])) + DATA_DIRS,
+    # data files beside the code: ASL definitions, the status page, READMEs, the rendezvous Dockerfile
+    package_data={"": ["*.json", "*.html", "*.js", "*.css", "*.svg", "*.md"], "infra.aws.docker": ["*"]},
+    ext_modules=comm_extension() if EDITABLE else [],
     options={"build_ext": {"parallel": 2}},
 )

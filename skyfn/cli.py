@@ -47,6 +47,13 @@ def _need_local(what: str) -> None:
     require("local", what)
 
 
+def _need_local(what: str) -> None:
+    """The embedded runtime is the `local` extra: say how to install it when it is missing."""
+    from skyfn.extras import require
+
+    require("local", what)
+
+
 def _run(action: Callable[[], object]):
     """Run `action`; any failure becomes one clear line on stderr and exit code 1."""
     try:

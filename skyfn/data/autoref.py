@@ -50,7 +50,11 @@ def local_endpoint_store(name: str):
         doc = read_stores_file(str(path))
     except (FileNotFoundError, PermissionError, ValueError):
         return None
-    for store in load_stores_file(str(path)):
+    try:
+        stores = load_stores_file(str(path))
+    except ImportError:  # its connector's client library (redis, ...) is not installed with the SDK alone
+        return None      # (pip install skyfn): arguments then travel inline
+    for store in stores:
         if get_store(store.name) is None:
             register_store(store)
     default = doc.get("default")

@@ -1,0 +1,63 @@
+"""What each optional part of skyfn needs installed, and a clear error when it is not.
+
+`pip install skyfn` is the SDK and CLI alone. The `skyfn local`, `skyfn rendezvous` and
+`skyfn-endpoint` commands reach into parts installed with extras (pyproject.toml):
+
+    pip install 'skyfn[endpoint]'   the endpoint agent (skyfn-endpoint)
+    pip install 'skyfn[local]'      the embedded runtime (skyfn local up)
+    pip install 'skyfn[comm]'       the communicator and its rendezvous server
+    pip install 'skyfn[all]'        all three
+
+`require(extra, what)` checks, without importing anything, that the extra's modules can be
+found, and raises MissingExtra naming the command, the missing modules and the pip line.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+# extra -> top-level modules it brings (the ones its code imports)
+MODULES: dict[str, tuple[str, ...]] = {
+    "endpoint": ("zmq", "psutil", "redis", "globus_sdk", "boto3", "endpoint_agent"),
+    "local": ("zmq", "psutil", "redis", "boto3", "moto", "aws_lambda_powertools", "jwt", "cryptography",
+              "lambdas", "infra", "endpoint_agent"),
+    "comm": ("comm", "numpy", "pyarrow"),
+}
+
+
+class MissingExtra(ImportError):
+    """A command needs a part of skyfn this installation does not have."""
+
+
+def missing(extra: str) -> list[str]:
+    """The modules of `extra` that cannot be found here (none imported)."""
+    out = []
+    for name in MODULES[extra]:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            out.append(name)
+    return out
+
+
+def require(extra: str, what: str) -> None:
+    """Raise MissingExtra unless `extra` is installed; `what` names the command."""
+    absent = missing(extra)
+    if absent:
+        raise MissingExtra(f"{what} needs skyfn[{extra}], which is not installed here (missing: "
+                           f"{', '.join(absent)}): pip install 'skyfn[{extra}]'")
+
+
+def endpoint_main() -> None:
+    """The `skyfn-endpoint` console script: the agent's CLI, or how to install it."""
+    import sys
+
+    try:
+        require("endpoint", "skyfn-endpoint (the endpoint agent)")
+    except MissingExtra as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    from endpoint_agent.cli import main
+
+    main()
