@@ -22,8 +22,9 @@ Served (version prefix /v0.10/, as globus-sdk 4.x calls it):
   GET  /task/<id>/skipped_errors           source errors skipped under skip_source_errors
   POST /task/<id>/cancel                   "Canceled", or "TaskComplete" when it has ended
   GET  /operation/endpoint/<id>/ls?path=   a directory listing
-and, for globus-sdk's auth clients, POST /v2/oauth2/token (grant_type refresh_token or
-client_credentials) issuing access tokens this server then accepts.
+and, for globus-sdk's auth clients, POST /v2/oauth2/token (grant_type refresh_token,
+client_credentials, or authorization_code for codes given with --auth-code) issuing access
+tokens this server then accepts.
 
 Tasks run asynchronously, one thread each, copying item by item (to a temporary name,
 then renamed into place; parent directories are created, as Globus does). A missing
@@ -176,7 +177,8 @@ class TransferStandIn:
 
     def __init__(self, collections: dict[str, str | os.PathLike], *, host: str = "127.0.0.1", port: int = 0,
                  tokens: Optional[set[str]] = None, clients: Optional[dict[str, str]] = None,
-                 refresh_tokens: Optional[set[str]] = None, token_lifetime: int = 172800,
+                 refresh_tokens: Optional[set[str]] = None, auth_codes: Optional[set[str]] = None,
+                 token_lifetime: int = 172800,
                  copy_delay: float = 0.0, log_file: Optional[str] = None):
         self.collections = {str(cid): Path(d).resolve() for cid, d in collections.items()}
         for cid, root in self.collections.items():
@@ -184,6 +186,7 @@ class TransferStandIn:
         self.tokens = None if tokens is None else set(tokens)
         self.clients = dict(clients or {})
         self.refresh_tokens = set(refresh_tokens or ())
+        self.auth_codes = set(auth_codes or ())     # one-time codes a login flow may exchange
         self.token_lifetime = token_lifetime
         self.copy_delay = copy_delay
         self.log_file = log_file
@@ -262,6 +265,12 @@ class TransferStandIn:
             if refresh not in self.refresh_tokens:
                 raise APIError(400, "invalid_grant", "refresh token is not valid")
             new_refresh = refresh
+        elif grant == "authorization_code":   # a native app's login flow (PKCE): one use per code
+            if form.get("code") not in self.auth_codes or not form.get("code_verifier"):
+                raise APIError(400, "invalid_grant", "authorization code is not valid")
+            self.auth_codes.discard(form["code"])
+            new_refresh = "standin-refresh-" + secrets.token_urlsafe(24)
+            self.refresh_tokens.add(new_refresh)
         elif grant == "client_credentials":
             if basic is None or self.clients.get(basic[0]) != basic[1]:
                 raise APIError(401, "invalid_client", "client credentials are not valid")
@@ -603,6 +612,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="a bearer token to accept (repeat); none given: any token is accepted")
     ap.add_argument("--refresh-token", action="append", default=[], metavar="TOKEN",
                     help="a refresh token the token endpoint accepts (repeat)")
+    ap.add_argument("--auth-code", action="append", default=[], metavar="CODE",
+                    help="a one-time authorization code a login flow may exchange (repeat)")
     ap.add_argument("--client", action="append", default=[], metavar="ID=SECRET",
                     help="a confidential client for client credentials (repeat)")
     ap.add_argument("--copy-delay", type=float, default=0.0, help="seconds each task waits before copying")
@@ -623,7 +634,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     server = TransferStandIn(collections, host=args.host, port=args.port,
                              tokens=set(args.token) if args.token else None, clients=clients,
-                             refresh_tokens=set(args.refresh_token), copy_delay=args.copy_delay, log_file=args.log)
+                             refresh_tokens=set(args.refresh_token), auth_codes=set(args.auth_code),
+                             copy_delay=args.copy_delay, log_file=args.log)
     print(f"Globus Transfer stand-in on {server.url} ({len(collections)} collection(s)); "
           f"export GLOBUS_SDK_SERVICE_URL_TRANSFER={server.url}", flush=True)
     try:

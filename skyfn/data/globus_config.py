@@ -215,3 +215,60 @@ def transfer_client(settings: GlobusSettings, token_path: Optional[Path]):
 
 def is_uuid(text: str) -> bool:
     return bool(re.match(UUID_RE, text or ""))
+
+
+# --- login: a refresh token for an endpoint, once ------------------------------------------
+def login(client_id: str, token_path: Path, *, auth_url: Optional[str] = None,
+          ask=input, echo=print) -> Path:
+    """Globus Auth's native app flow (PKCE): open the URL shown, log in, paste the code;
+    the Transfer tokens (with a refresh token) go to token_path, 0600. Never printed."""
+    import globus_sdk
+
+    client = globus_sdk.NativeAppAuthClient(client_id, base_url=auth_url)
+    client.oauth2_start_flow(requested_scopes=TRANSFER_SCOPE, refresh_tokens=True)
+    echo(f"Open this URL, log in, and paste the authorization code it shows:\n\n  {client.oauth2_get_authorize_url()}\n")
+    code = ask("Authorization code: ").strip()
+    if not code:
+        raise GlobusConfigError("no authorization code given: run the login again and paste the code")
+    tokens = client.oauth2_exchange_code_for_tokens(code)
+    if TRANSFER_RS not in tokens.by_resource_server:
+        raise GlobusConfigError(f"Globus Auth returned no token for {TRANSFER_RS}: consent to the Transfer scope")
+    path = save_tokens(token_path, {TRANSFER_RS: tokens.by_resource_server[TRANSFER_RS]})
+    echo(f"Transfer tokens saved to {path} (0600); set data.globus.client_id: {client_id} in config.yaml")
+    return path
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """python -m skyfn.data.globus_config login --client-id ID (--endpoint NAME | --token-file PATH)"""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m skyfn.data.globus_config",
+                                 description="Log in to Globus once and keep Transfer tokens for an endpoint.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    lg = sub.add_parser("login", help="native app login flow; tokens to the endpoint's token file (0600)")
+    lg.add_argument("--client-id", required=True, help="your Globus native app's client id (UUID)")
+    where = lg.add_mutually_exclusive_group(required=True)
+    where.add_argument("--endpoint", help="the endpoint NAME: $SKYFN_HOME/endpoints/NAME/globus_tokens.json")
+    where.add_argument("--token-file", help="where to keep the tokens")
+    lg.add_argument("--auth-url", default=None, help="Globus Auth's base URL (default globus-sdk's)")
+    args = ap.parse_args(argv)
+    if not is_uuid(args.client_id):
+        ap.error(f"--client-id {args.client_id!r}: give the app's client id (a UUID)")
+    if args.token_file:
+        path = Path(os.path.expanduser(args.token_file))
+    else:
+        from skyfn.config import skyfn_home
+
+        path = skyfn_home() / "endpoints" / args.endpoint / "globus_tokens.json"
+    import globus_sdk
+
+    try:
+        login(args.client_id, path, auth_url=args.auth_url)
+    except (GlobusConfigError, EOFError, globus_sdk.GlobusAPIError) as exc:
+        print(f"login failed: {exc}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -26,6 +26,7 @@ A = "aaaaaaaa-1111-4111-8111-000000000001"
 B = "bbbbbbbb-2222-4222-8222-000000000002"
 E = "eeeeeeee-3333-4333-8333-000000000003"   # the endpoint's own collection
 TOKEN = "test-transfer-token"
+REPO = __file__.rsplit("/tests/", 1)[0]
 
 
 @pytest.fixture
@@ -293,3 +294,53 @@ def test_sync_level_leaves_files_in_sync_alone(standin, dirs, tmp_path):
     (dirs[A] / "same.dat").write_bytes(b"n" * 100)            # newer at the source: copied again
     run_stager(s, standin, {3: item})
     assert (dirs[E] / "s" / "same.dat").read_bytes() == b"n" * 100
+
+
+def test_login_flow_keeps_a_refresh_token_the_endpoint_then_uses(standin, dirs, tmp_path):
+    from skyfn.data.globus_config import login
+
+    cid = "dddddddd-4444-4444-8444-000000000004"
+    standin.auth_codes.add("one-time-code")
+    shown: list[str] = []
+    path = login(cid, tmp_path / "ep" / "globus_tokens.json", auth_url=standin.url,
+                 ask=lambda _prompt: "one-time-code", echo=shown.append)
+    assert "/v2/oauth2/authorize" in shown[0] and cid in shown[0] and "code_challenge" in shown[0]
+    saved = read_tokens(path)[TRANSFER_RS]
+    assert saved["refresh_token"].startswith("standin-refresh-") and saved["access_token"].startswith("standin-")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert all(saved["access_token"] not in line and saved["refresh_token"] not in line for line in shown)
+    s = settings(dirs[E], standin, path, client_id=cid)
+    assert isinstance(authorizer(s, path), globus_sdk.RefreshTokenAuthorizer)
+    assert globus_sdk.TransferClient(base_url=standin.url, authorizer=authorizer(s, path)).get_submission_id()
+    with pytest.raises(globus_sdk.AuthAPIError):           # a code works once
+        login(cid, tmp_path / "again.json", auth_url=standin.url, ask=lambda _p: "one-time-code", echo=shown.append)
+
+
+def test_standin_cli_with_globus_sdk_environment(dirs, tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    import requests
+
+    (dirs[A] / "cli.txt").write_text("through the CLI")
+    proc = subprocess.Popen([sys.executable, "-m", "infra.local.globus_transfer", "--collection", f"{A}={dirs[A]}",
+                             "--collection", f"{B}={dirs[B]}", "--token", TOKEN, "--port", "0",
+                             "--log", str(tmp_path / "log.json")],
+                            cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        url = line.split("GLOBUS_SDK_SERVICE_URL_TRANSFER=")[1].strip()
+        monkeypatch.setenv("GLOBUS_SDK_SERVICE_URL_TRANSFER", url)    # globus-sdk's documented setting
+        tc = globus_sdk.TransferClient(authorizer=globus_sdk.AccessTokenAuthorizer(TOKEN))
+        assert tc.base_url.rstrip("/") == url.rstrip("/")
+        data = globus_sdk.TransferData(A, B)
+        data.add_item("/cli.txt", "/got/cli.txt")
+        tid = tc.submit_transfer(data)["task_id"]
+        assert tc.task_wait(tid, timeout=10, polling_interval=1) and tc.get_task(tid)["status"] == "SUCCEEDED"
+        assert (dirs[B] / "got" / "cli.txt").read_text() == "through the CLI"
+        log = requests.get(url + "standin/log", timeout=5).json()
+        assert [(t["items"], t["status"]) for t in log["tasks"]] == [(1, "SUCCEEDED")] and log["max_active"] == 1
+        assert json.loads((tmp_path / "log.json").read_text())["tasks"][0]["task_id"] == tid
+    finally:
+        proc.terminate()
+        proc.wait(10)
