@@ -36,3 +36,13 @@ if [ ${#comm_need[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${comm_need[@]}" >/dev/null
 fi
+# issue 13: the status page (/ui) is tested in real headless Chromium driven by Selenium
+# through Debian's chromedriver (no browser download).
+ui_need=()
+command -v chromium >/dev/null 2>&1 || ui_need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || ui_need+=(chromium-driver)
+if [ ${#ui_need[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${ui_need[@]}" >/dev/null
+fi

@@ -156,6 +156,9 @@ class _RequestHandler(BaseHTTPRequestHandler):
         if gateway.websocket is not None and self.headers.get("Upgrade", "").lower() == "websocket":
             self._websocket(gateway.websocket)
             return
+        if gateway.ui and self.command in ("GET", "HEAD") and self.path.split("?", 1)[0].startswith("/ui"):
+            self._ui()
+            return
         try:
             body = self._read_body()
         except _BodyTooLarge as exc:
@@ -220,6 +223,22 @@ class _RequestHandler(BaseHTTPRequestHandler):
             conn.serve()
         finally:
             hub.leave(conn)
+
+    def _ui(self) -> None:
+        """The status page (infra/local/ui): static files, no data; everything it shows comes
+        from the API with the token the user signs in with."""
+        from infra.local import ui
+
+        found = ui.asset(self.path.split("?", 1)[0])
+        if found is None:
+            return self._send(404, {"Content-Type": "application/json"},
+                              _json_error("not_found", "no such page: the status page is /ui"))
+        ctype, body = found
+        host = self.headers.get("Host", f"{self.server.gateway.host}:{self.server.gateway.port}")
+        self._send(200, {"Content-Type": ctype, "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
+                         "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY",
+                         "Content-Security-Policy": f"default-src 'self'; connect-src 'self' ws://{host} wss://{host}; "
+                                                    "img-src 'self' data:; frame-ancestors 'none'"}, body)
 
     def _raw(self, status: int, payload: bytes) -> None:
         """An answer that is not logged with its request line (which may hold a token)."""
@@ -350,7 +369,7 @@ class Gateway:
     def __init__(self, handler: Handler | str = "lambdas.api:handler", host: str = "127.0.0.1", port: int = 0, *,
                  function_name: str = "skyfn-api", stage: str = "local", timeout_seconds: float = 29.0,
                  max_body: int = MAX_REQUEST_BYTES, concurrency: int | None = None,
-                 workers: tuple[int, int] = (2, 16), env: dict | None = None, websocket=None):
+                 workers: tuple[int, int] = (2, 16), env: dict | None = None, websocket=None, ui: bool = False):
         if callable(handler):
             self.invoker = InProcess(handler, concurrency)
         else:
@@ -363,6 +382,7 @@ class Gateway:
         self.timeout_seconds = timeout_seconds
         self.max_body = max_body
         self.websocket = websocket  # a push_hub.PushHub: GET /ws upgrades are its connections
+        self.ui = ui  # serve the status page at /ui (infra/local/ui)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 

@@ -79,7 +79,7 @@ class Service:
         from infra.local.push_hub import PushHub
 
         self.push_hub = PushHub(redis_url) if push else None  # the WebSocket API (results push)
-        self.gateway = Gateway(api, port=port, workers=api_workers, websocket=self.push_hub)
+        self.gateway = Gateway(api, port=port, workers=api_workers, websocket=self.push_hub, ui=push)
         self.event_source = EventSourceMapping(lambda: redis_results_queue(redis_url, "results", results_visibility),
                                                results)
         self.scheduler = Scheduler(schedules if schedules is not None

@@ -165,7 +165,7 @@ def endpoint_info(owner: str, endpoint_id: str) -> EndpointInfo:
     queue, _ = deps.task_queue(endpoint_id)
     return EndpointInfo(endpoint_id=endpoint_id, name=rec["name"], owner=rec["o"], status=rec.get("st", "new"),
                         last_heartbeat=hb, created=float(rec["c"]), backlog=queue.depth(),
-                        metadata=orjson.loads(rec.get("meta") or "{}"))
+                        metadata=orjson.loads(rec.get("meta") or "{}"), stats=orjson.loads(rec.get("stats") or "{}"))
 
 
 def list_endpoints(owner: str) -> list[EndpointInfo]:

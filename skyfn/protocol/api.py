@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, WithJsonSchema, field_validator
 
 from skyfn.protocol.allowlist import MAX_ALLOWED_FUNCTIONS, AllowedFunction
 
@@ -87,6 +87,8 @@ class EndpointInfo(BaseModel):
     created: float
     backlog: int = 0
     metadata: dict[str, Any] = Field(default_factory=dict)
+    stats: dict[str, Any] = Field(default_factory=dict, description="the agent's last heartbeat: workers, "
+                                                                    "managers, warm containers, in flight, ...")
 
 
 class EndpointRegistered(EndpointInfo):
@@ -128,6 +130,13 @@ class StageItem(_Body):
 
     collection: str = Field(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
     path: str = Field(min_length=1, max_length=4096, pattern=r"^/")
+
+    @field_validator("path")
+    @classmethod
+    def _no_parent(cls, path: str) -> str:
+        if ".." in path.split("/") or "\x00" in path:
+            raise ValueError("a path on the collection from its root, without '..' components")
+        return path
 
 
 class TaskRequest(_Body):

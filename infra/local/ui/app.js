@@ -1,0 +1,162 @@
+// The skyfn status page: no build step, no framework. The token stays in sessionStorage;
+// every datum comes from the REST API (GET /endpoints, GET /tasks) with that token, and
+// live updates from the WebSocket API (/ws, skyfn.protocol.push). Data is only ever
+// inserted as text (never as HTML).
+"use strict";
+const STAGES = [["service", "CREATED", "QUEUED"], ["queue", "QUEUED", "DISPATCHED"],
+  ["dispatch", "DISPATCHED", "RUNNING"], ["run", "RUNNING", "DONE"], ["return", "DONE", "STORED"]];
+const FINAL = new Set(["SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED"]);
+const $ = (id) => document.getElementById(id);
+const ui = { token: null, ws: null, pushes: 0, tasks: new Map(), refreshTimer: null, pollTimer: null,
+  since: Date.now() / 1000 - 3600, endpoints: new Map() };
+window.skyfnUi = ui;  // the browser test reads its counters
+
+async function api(path) {
+  const r = await fetch(path, { headers: { Authorization: "Bearer " + ui.token }, cache: "no-store" });
+  if (r.status === 401 || r.status === 403) throw Object.assign(new Error("token refused"), { auth: true });
+  if (!r.ok) throw new Error(path + ": HTTP " + r.status);
+  return r.json();
+}
+
+function cell(tr, text, cls) {
+  const td = document.createElement("td");
+  td.textContent = text === undefined || text === null ? "" : String(text);
+  if (cls) td.className = cls;
+  tr.appendChild(td);
+  return td;
+}
+
+function ms(v) { return v === null || v === undefined ? "" : v.toFixed(1); }
+
+function stamps(events) {
+  const out = {};
+  for (const [state, ts] of events || []) {
+    if ((state === "CREATED" || FINAL.has(state)) && state in out) continue;
+    out[state] = ts;
+  }
+  for (const f of FINAL) if (f in out) { out.FINAL = out[f]; if (!("STORED" in out)) out.STORED = out[f]; }
+  return out;
+}
+
+function renderEndpoints(list) {
+  const body = $("endpoints").tBodies[0];
+  body.replaceChildren();
+  for (const e of list) {
+    ui.endpoints.set(e.endpoint_id, e.name);
+    const m = e.metadata || {}, s = e.stats || {};
+    const tr = document.createElement("tr");
+    tr.dataset.endpoint = e.name;
+    tr.dataset.status = e.status;
+    cell(tr, e.name);
+    cell(tr, e.status, e.status);
+    cell(tr, s.manager_count ?? "");
+    cell(tr, s.workers ?? m.workers ?? "");
+    cell(tr, e.backlog ?? 0);
+    const warm = s.warm_containers || {};
+    cell(tr, typeof warm === "object" ? Object.entries(warm).map(([k, v]) => k + ":" + v).join(" ") : warm);
+    cell(tr, e.last_heartbeat ? new Date(e.last_heartbeat * 1000).toLocaleTimeString() : "");
+    body.appendChild(tr);
+  }
+}
+
+function renderTasks() {
+  const rows = [...ui.tasks.values()].sort((a, b) => b.created - a.created).slice(0, 500);
+  const body = $("tasks").tBodies[0];
+  body.replaceChildren();
+  for (const t of rows) {
+    const st = stamps(t.events);
+    const tr = document.createElement("tr");
+    tr.dataset.task = t.task_id;
+    tr.dataset.state = t.state;
+    cell(tr, t.task_id.slice(0, 8)).title = t.task_id;
+    cell(tr, ui.endpoints.get(t.endpoint_id) || t.endpoint_id || "");
+    cell(tr, t.state, "state-" + t.state);
+    cell(tr, new Date(t.created * 1000).toLocaleTimeString());
+    for (const [, a, b] of STAGES) cell(tr, a in st && b in st ? ms((st[b] - st[a]) * 1000) : "");
+    cell(tr, "FINAL" in st ? ms((st.FINAL - st.CREATED) * 1000) : "");
+    body.appendChild(tr);
+  }
+  $("task-count").textContent = "(" + ui.tasks.size + ")";
+  document.body.dataset.pushes = String(ui.pushes);
+}
+
+async function refresh() {
+  try {
+    const [eps, tasks] = await Promise.all([api("/endpoints"),
+      api("/tasks?history=false&limit=500&since=" + ui.since.toFixed(3))]);
+    renderEndpoints(eps.endpoints);
+    for (const t of tasks.tasks) ui.tasks.set(t.task_id, t);
+    renderTasks();
+  } catch (err) {
+    if (err.auth) return signOut("the service refused the token");
+  }
+}
+
+function soon() {  // many pushes, one refresh
+  if (!ui.refreshTimer) ui.refreshTimer = setTimeout(() => { ui.refreshTimer = null; refresh(); }, 250);
+}
+
+function connect() {
+  if (!ui.token) return;
+  const proto = location.protocol === "https:" ? "wss:" : "ws:";
+  const ws = new WebSocket(proto + "//" + location.host + "/ws?token=" + encodeURIComponent(ui.token));
+  ui.ws = ws;
+  ws.onopen = () => ws.send(JSON.stringify({ action: "subscribe" }));
+  ws.onmessage = (ev) => {
+    const msg = JSON.parse(ev.data);
+    if (msg.type === "subscribed") { $("live").textContent = "live"; $("live").className = "live on"; return; }
+    if (msg.type !== "done") return;
+    ui.pushes += 1;
+    for (const st of msg.tasks || []) {
+      const t = ui.tasks.get(st.task_id);
+      if (t) t.state = st.state;
+    }
+    renderTasks();
+    soon();  // events and tasks not listed yet
+  };
+  ws.onclose = () => {
+    $("live").textContent = "offline"; $("live").className = "live off";
+    if (ui.token && ui.ws === ws) setTimeout(connect, 1000);
+  };
+}
+
+async function signIn(token) {
+  ui.token = token;
+  try {
+    await api("/endpoints");
+  } catch (err) {
+    return signOut(err.auth ? "the service refused this token" : "the service is not reachable: " + err.message);
+  }
+  sessionStorage.setItem("skyfn-token", token);
+  $("signin").hidden = true;
+  $("dashboard").hidden = false;
+  $("signout").hidden = false;
+  $("signin-error").textContent = "";
+  await refresh();
+  connect();
+  ui.pollTimer = setInterval(refresh, 3000);  // endpoint heartbeats and non-final states
+}
+
+function signOut(reason) {
+  ui.token = null;
+  sessionStorage.removeItem("skyfn-token");
+  if (ui.ws) { const ws = ui.ws; ui.ws = null; ws.close(); }
+  clearInterval(ui.pollTimer);
+  ui.tasks.clear();
+  $("endpoints").tBodies[0].replaceChildren();
+  $("tasks").tBodies[0].replaceChildren();
+  $("dashboard").hidden = true;
+  $("signout").hidden = true;
+  $("signin").hidden = false;
+  $("signin-error").textContent = reason || "";
+}
+
+$("signin-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const token = $("token").value.trim();
+  $("token").value = "";
+  if (token) signIn(token);
+});
+$("signout").addEventListener("click", () => signOut(""));
+const kept = sessionStorage.getItem("skyfn-token");
+if (kept) signIn(kept);
