@@ -118,15 +118,14 @@ class EndpointData:
             port = self.redis_port
         else:
             port = rcfg.port
-        conn = {"kind": "redis", "host": rcfg.host, "port": port, "db": rcfg.db, "password_file": password_file,
-                "chunk_bytes": rcfg.chunk_bytes}
-        if rcfg.username:
-            conn["username"] = rcfg.username
-        if rcfg.tls:
-            conn["ssl"] = True
-            if rcfg.tls_ca_certs:
-                conn["ssl_ca_certs"] = rcfg.tls_ca_certs
-        return conn
+        from skyfn.data.connectors.redis import RedisConnector
+
+        connector = RedisConnector(rcfg.host, port, password_file=password_file, username=rcfg.username, db=rcfg.db,
+                                   ssl=rcfg.tls, ssl_ca_certs=rcfg.tls_ca_certs, chunk_bytes=rcfg.chunk_bytes)
+        try:
+            return connector.config()  # what workers rebuild it from: no secret, the password's file
+        finally:
+            connector.close()
 
     def _start_redis(self, binary: str, rcfg, password_file: str) -> None:
         port = rcfg.port or _free_port(rcfg.host)

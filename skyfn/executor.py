@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import sys
 import threading
 import time
 from concurrent.futures import Executor as _BaseExecutor
@@ -83,6 +84,7 @@ class SkyfnFuture(Future):
         super().__init__()
         self.task_id: Optional[str] = None
         self._executor: Optional["Executor"] = None
+        self.data_locations: Optional[dict[str, int]] = None  # endpoint id -> bytes of its refs there
 
     def cancel(self) -> bool:
         if not super().cancel():
@@ -193,9 +195,14 @@ class Executor(_BaseExecutor):
     def _pack(self, fut: SkyfnFuture, args: tuple, kwargs: dict) -> str:
         refs = self._arg_refs
         if refs is None:
-            return pack_args(args, kwargs)
-        payload, made = refs.pack(args, kwargs)
-        refs.track(fut, made)
+            payload = pack_args(args, kwargs)
+        else:
+            payload, made = refs.pack(args, kwargs)
+            refs.track(fut, made)
+        if self.group_id and ("skyfn.data.ref" in sys.modules):  # where its refs live: the group's policy may
+            from skyfn.data.autoref import data_locations      # prefer that endpoint (data_local, affinity data)
+
+            fut.data_locations = data_locations(args, kwargs) or None
         return payload
 
     def map(
@@ -389,6 +396,9 @@ class Executor(_BaseExecutor):
             return
         opts = self._task_options
         tasks = [{"function_id": fid, "payload": payload, **opts} for _, fid, payload in live]
+        for task, (fut, _, _) in zip(tasks, live):
+            if fut.data_locations:
+                task["data_locations"] = fut.data_locations
         start = 0
         for chunk in split_requests(tasks, max_tasks=self.batch_size):
             items = live[start : start + len(chunk)]
