@@ -295,11 +295,12 @@ class ObjectServer:
                     else:
                         head, payload = self.handle(bytes(raw))
                     try:
+                        if payload is not None:      # counted before the consumer can have it
+                            self.stats["served"] += 1
+                            self.stats["bytes"] += len(payload)
                         comm.send(json.dumps(head).encode(), 1, TAG_REPLY)
                         if payload is not None:
                             comm.send(payload, 1, TAG_DATA)
-                            self.stats["served"] += 1
-                            self.stats["bytes"] += len(payload)
                     except CommError as exc:
                         log.info("%s: channel %s ended while sending: %s", self.where, group, exc)
                         break

@@ -90,9 +90,9 @@ def test_who_is_local(rdv, tmp_path, monkeypatch):
     with pytest.raises(DataError, match="put/evict run on the producer's endpoint \\(ep-1\\)"):
         conn.put("k", [b"x"])
     monkeypatch.delenv("SKYFN_ENDPOINT_ID")
-    assert not conn.local                               # the SDK on a laptop pulls too
-    assert DirectConnector(rdv.address, "objects.x", str(tmp_path)).local            # no ids: the directory decides
-    assert not DirectConnector(rdv.address, "objects.x", str(tmp_path / "absent")).local
+    assert conn.local                                   # the SDK on the agent's machine: the directory is here
+    far = DirectConnector(rdv.address, "objects.ep-1", str(tmp_path / "absent"), endpoint_id="ep-1")
+    assert not far.local                                # the SDK on a laptop pulls
 
 
 def test_local_put_get_exists_evict_and_ttl(rdv, tmp_path):

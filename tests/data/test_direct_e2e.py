@@ -1,7 +1,7 @@
 """The direct path end to end: the embedded runtime (`skyfn local up --detach` in a private
 SKYFN_HOME) with two endpoints on this machine -- "local", whose config has
 `data: {default: direct, direct: {rendezvous: ...}}` (its agent starts the object server),
-and "other", with no data section -- and a real rendezvous server. Task A on "local"
+and "other", with no stores (`data: {}`) -- and a real rendezvous server. Task A on "local"
 returns a 100 MB array as a ref to its direct store; task B on "other" resolves it through
 the object server over a punched channel (its worker knows neither the store nor its
 secret) and gets equal values; once the producer evicts it, B's task fails naming the
@@ -32,11 +32,11 @@ def site(tmp_path_factory):
     home = base / "home"
     for name, data in (("local", {"default": "direct", "direct": {"rendezvous": rdv.address,
                                                                    "directory": str(base / "objects")}}),
-                       ("other", None)):
+                       ("other", {})):              # no stores; its agent still tells workers their endpoint id
         cfg = home / "endpoints" / name
         cfg.mkdir(parents=True)
         (cfg / "config.yaml").write_text(yaml.safe_dump({"workers": 2, "heartbeat_period": 1, "grace_period": 1,
-                                                         **({"data": data} if data else {})}))
+                                                         "data": data}))
     old = {k: os.environ.get(k) for k in ("SKYFN_HOME", "SKYFN_RENDEZVOUS_SECRET")}
     os.environ["SKYFN_HOME"] = str(home)
     os.environ["SKYFN_RENDEZVOUS_SECRET"] = RDV_SECRET       # both agents (and so their workers) inherit it

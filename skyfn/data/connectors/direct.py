@@ -14,10 +14,11 @@ store's secret and that the user is the owner or a reader, then sends the bytes 
 zero-copy message from an mmap of the file) or an error frame naming the reason. No third
 party ever stores the data. Channels are kept per process and reused (`CHANNEL_REUSE_S`).
 
-A process on the producer's endpoint reads the directory itself, without a channel: one
-whose SKYFN_ENDPOINT_ID is the connector's `endpoint_id` (the agent sets it for its
-workers), or, for a connector without an endpoint id, any process that has the directory.
-`local=True`/`False` overrides that (not part of `config()`).
+A process on the producer's endpoint reads and writes the directory itself, without a
+channel: one whose SKYFN_ENDPOINT_ID (the agent sets it for its workers) is the connector's
+`endpoint_id`; a process of another endpoint (another SKYFN_ENDPOINT_ID) always pulls; a
+process outside any endpoint (the SDK) is local when it can write the directory (on the
+agent's machine), else it pulls. `local=True`/`False` overrides that (not in `config()`).
 
 `config()` carries no secret. The rendezvous token for `name` comes from the environment
 variable named by `token_env` (default SKYFN_DIRECT_TOKEN), else the file `token_file`,
@@ -231,9 +232,10 @@ class DirectConnector:
         """True on the producer's endpoint (see the module docstring)."""
         if self._local is not None:
             return self._local
-        if self.endpoint_id:
-            return context.endpoint_id() == self.endpoint_id
-        return os.path.isdir(self.directory)
+        here = context.endpoint_id()
+        if self.endpoint_id and here:
+            return here == self.endpoint_id
+        return os.path.isdir(self.directory) and os.access(self.directory, os.W_OK | os.X_OK)
 
     def _local_files(self):
         if self._files is None:
@@ -427,10 +429,11 @@ _bench_processes: list = []
 def benchmark_connector(store: str, secret, *, directory: Optional[str] = None) -> DirectConnector:
     """The producer's connector of a loopback direct path, for benchmarks (benchmarks/data.py):
     starts a rendezvous server and the object server of `store` (secret: hex or bytes, the
-    Store's) as child processes on 127.0.0.1, sets a fresh SKYFN_RENDEZVOUS_SECRET in this
-    process's environment (spawned consumers inherit it), and returns a connector that is
-    local here (`local=True`) while consumers rebuilt from its `config()` in other processes
-    pull through the object server over a punched channel. `stop_benchmark()` (also at exit)
+    Store's) as child processes on 127.0.0.1, sets a fresh SKYFN_RENDEZVOUS_SECRET and
+    SKYFN_ENDPOINT_ID=bench-consumer in this process's environment (spawned consumers
+    inherit them: they are "another endpoint"), and returns a connector that is local here
+    (`local=True`) while consumers rebuilt from its `config()` in other processes pull
+    through the object server over a punched channel. `stop_benchmark()` (also at exit)
     stops both servers by PID and removes the directory."""
     import secrets as _secrets
     import shutil
@@ -440,6 +443,7 @@ def benchmark_connector(store: str, secret, *, directory: Optional[str] = None) 
 
     rdv_secret = _secrets.token_hex(16)
     os.environ[SECRET_ENV] = rdv_secret
+    os.environ[context.ENDPOINT_ENV] = "bench-consumer"
     rdv = serve_in_process("127.0.0.1", 0, rdv_secret)
     _bench_processes.append(rdv)
     name = f"objects.bench-{os.getpid()}-{len(_bench_processes)}"
