@@ -48,6 +48,11 @@ def _consume(pipe, stores: dict) -> None:
         msg = pipe.recv_bytes()
         if not msg:
             break
+        if msg == b"channels":                          # proof of the path: the consumer's channels
+            from skyfn.data.connectors.direct import channel_stats
+
+            pipe.send(channel_stats())
+            continue
         ref = pickle.loads(msg)
         size = memoryview(ref.__wrapped__).nbytes
         pipe.send((time.monotonic(), size))
@@ -75,6 +80,11 @@ class Pair:
         if size != payload.nbytes:
             raise RuntimeError(f"the consumer resolved {size} bytes, not {payload.nbytes}")
         return t1 - t0
+
+    def channels(self) -> dict:
+        """The consumer's channels to object servers (mode direct|relay, bytes received)."""
+        self.pipe.send_bytes(b"channels")
+        return self.pipe.recv()
 
     def close(self) -> None:
         try:
@@ -152,8 +162,11 @@ def main() -> None:
                                                        "min_ms": round(min(times) * 1000, 3), "reps": reps}
                 print(f"  {kind:<7} {label:>7} median {statistics.median(times) * 1000:10.3f} ms  "
                       f"min {min(times) * 1000:10.3f} ms  (n={reps})", flush=True)
+        channels = [c for chans in s.pair.channels().values() for c in chans]
+    print("consumer's channels to the object server:", channels)
     summary = {"load_average_start": load_start,
-               "load_average_end": " ".join(f"{x:.2f}" for x in os.getloadavg()), "results": results}
+               "load_average_end": " ".join(f"{x:.2f}" for x in os.getloadavg()), "results": results,
+               "direct_channels": channels}
     for label in results.get("direct", {}):
         summary[f"direct_over_redis_{label}"] = round(results["direct"][label]["median_ms"]
                                                       / results["redis"][label]["median_ms"], 3)
