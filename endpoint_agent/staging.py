@@ -308,13 +308,21 @@ class TaskStaging:
     # called from ingest for a task whose spec lists files
     def admit(self, key: int, t: list, spec) -> bool:
         """Hold the task for its inputs (True), or let it be pended now (False: nothing to fetch)."""
-        from endpoint_agent.task_record import T_ID, T_MGR
+        from endpoint_agent.task_record import T_ID, T_MGR, T_PACK, T_RECV
 
         lay = self.layout
+        try:  # the message is not trusted: no '..' out of the staging area, no relative paths
+            stage_in = [_checked(i) for i in spec.stage_in or ()]
+            stage_out = [_checked(o) for o in spec.stage_out or ()]
+        except ValueError as exc:
+            del self.ix.tasks[key]
+            self.ix._add_result({"task_id": t[T_ID], "state": "FAILED", "reason": f"stage-in refused: {exc}",
+                                 "events": [["DISPATCHED", t[T_RECV]]]}, t[T_PACK])
+            return True
         ins = [(i["collection"], i["path"], lay.collection, lay.endpoint_path(i["collection"], i["path"]))
-               for i in spec.stage_in or () if i["collection"] != lay.collection]
+               for i in stage_in if i["collection"] != lay.collection]
         outs = []
-        for o in spec.stage_out or ():
+        for o in stage_out:
             local = lay.local(o["collection"], o["path"], True)
             local.parent.mkdir(parents=True, exist_ok=True)   # the task writes its output here
             if o["collection"] != lay.collection:
@@ -403,6 +411,16 @@ class TaskStaging:
         close = getattr(self.tc, "close", None)
         if close is not None:
             close()
+
+
+def _checked(item: Any) -> dict:
+    """A stage item {collection, path} as GlobusFile would make it (ValueError otherwise)."""
+    from skyfn.data.connectors.globus import GlobusFile
+
+    if not isinstance(item, dict) or not isinstance(item.get("collection"), str):
+        raise ValueError(f"not a {{collection, path}} item: {item!r}")
+    gf = GlobusFile(item["collection"], item.get("path"))
+    return {"collection": gf.collection, "path": gf.path}
 
 
 def no_staging_reason(endpoint_id: str) -> str:

@@ -344,3 +344,43 @@ def test_standin_cli_with_globus_sdk_environment(dirs, tmp_path, monkeypatch):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_stage_items_cannot_leave_the_staging_area(standin, dirs, tmp_path):
+    """The agent does not trust the task message: '..' in a stage item fails the task; the
+    service refuses such a request before (422 through the API model)."""
+    import collections
+
+    from endpoint_agent.staging import TaskStaging
+    from skyfn.protocol.api import TaskRequest
+    from skyfn.protocol.messages import TaskSpec
+
+    class Interchange:   # what TaskStaging uses of the interchange
+        def __init__(self):
+            self.tasks, self.control, self.results = {}, collections.deque(), []
+
+        def wake_up(self):
+            pass
+
+        def _add_result(self, rec, pack):
+            self.results.append(rec)
+
+    save_tokens(tmp_path / "t.json", {TRANSFER_RS: {"access_token": TOKEN}})
+    ix = Interchange()
+    staging = TaskStaging(ix, settings(dirs[E], standin, tmp_path / "t.json"), None)
+    try:
+        for field in ("stage_in", "stage_out"):
+            spec = TaskSpec(task_id=f"t-{field}", function_id="f", payload="x",
+                            **{field: [{"collection": A, "path": "/runs/../../../../secret"}]})
+            t = [spec.task_id, "f", "x", None, 1, 0.0, 0, None, None]
+            ix.tasks[7] = t
+            assert staging.admit(7, t, spec) is True
+            rec = ix.results[-1]
+            assert rec["state"] == "FAILED" and "'..' is not allowed" in rec["reason"] and 7 not in ix.tasks
+        assert staging.stager.snapshot()["transfers_submitted"] == 0
+    finally:
+        staging.close()
+        os.environ.pop("SKYFN_GLOBUS_LOCAL", None)
+    with pytest.raises(ValueError, match="without '..' components"):
+        TaskRequest.model_validate({"function_id": "f", "payload": "x",
+                                    "stage_out": [{"collection": A, "path": "/a/../../b"}]})
