@@ -351,3 +351,36 @@ def test_agent_data_plane_starts_and_stops_the_object_server(rdv, tmp_path, monk
     while rdv.server.listeners.get("objects.ep-7") is not None:
         assert time.monotonic() < deadline, "the object server still listens after stop"
         time.sleep(0.05)
+
+
+def test_the_object_server_listens_again_after_the_rendezvous_server_restarts(tmp_path, unique, monkeypatch):
+    monkeypatch.setenv("SKYFN_RENDEZVOUS_SECRET", RDV_SECRET)
+    monkeypatch.setenv("SKYFN_ENDPOINT_ID", "ep-consumer")
+    first = rendezvous.serve_in_thread("127.0.0.1", 0, RDV_SECRET)
+    port = first.port
+    name, directory = f"objects.restart-{unique}", str(tmp_path / "o")
+    server = ObjectServer(first.address, name, directory, {"s": STORE_SECRET},
+                          lambda: rendezvous.make_token(RDV_SECRET, name), ping_interval=0.2).start()
+    second = None
+    try:
+        producer = Store("s", DirectConnector(first.address, name, directory, local=True), secret=STORE_SECRET,
+                         register=False)
+        consumer = Store("s", DirectConnector(first.address, name, directory, endpoint_id="ep-producer"),
+                         secret=STORE_SECRET, register=False)
+        ref = producer.ref("before", owner="alice")
+        context.set_user("alice")
+        assert fresh(consumer, ref) == "before"
+        close_channels()
+        first.stop()
+        second = rendezvous.serve_in_thread("127.0.0.1", port, RDV_SECRET)     # the same address, a new server
+        deadline = time.monotonic() + 15
+        while second.server.listeners.get(name) is None:
+            assert time.monotonic() < deadline, "the object server did not listen at the new server"
+            time.sleep(0.05)
+        assert fresh(consumer, producer.ref("after", owner="alice")) == "after"
+    finally:
+        context.set_user(None)
+        close_channels()
+        server.stop()
+        if second is not None:
+            second.stop()
