@@ -206,7 +206,14 @@ class Stager:
         for b in due:
             try:
                 task = self.tc.get_task(b.task_id).data
-            except (globus_sdk.GlobusAPIError, globus_sdk.GlobusConnectionError, OSError) as exc:
+            except globus_sdk.GlobusAPIError as exc:
+                if exc.http_status in (403, 404):  # gone, or no longer ours to see: it will not finish for us
+                    self._done(b, f"Globus Transfer task {b.task_id} cannot be read any more ({exc.http_status} "
+                                  f"{exc.code}: {exc.message})")
+                    continue
+                log.warning("polling Globus task %s failed (%s); will retry", b.task_id, exc.code)
+                task = {"status": "ACTIVE"}
+            except (globus_sdk.GlobusConnectionError, OSError) as exc:
                 log.warning("polling Globus task %s failed (%s); will retry", b.task_id, type(exc).__name__)
                 task = {"status": "ACTIVE"}
             status = task.get("status")

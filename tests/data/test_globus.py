@@ -384,3 +384,21 @@ def test_stage_items_cannot_leave_the_staging_area(standin, dirs, tmp_path):
     with pytest.raises(ValueError, match="without '..' components"):
         TaskRequest.model_validate({"function_id": "f", "payload": "x",
                                     "stage_out": [{"collection": A, "path": "/a/../../b"}]})
+
+
+def test_a_transfer_task_that_disappears_fails_its_jobs(dirs, tmp_path):
+    (dirs[A] / "f").write_text("x")
+    save_tokens(tmp_path / "t.json", {TRANSFER_RS: {"access_token": TOKEN}})
+    with TransferStandIn(dirs, tokens={TOKEN}, copy_delay=2.0) as standin:
+        s = settings(dirs[E], standin, tmp_path / "t.json", batch_wait=0.0)
+
+        def vanish():   # the Transfer service forgets the task (e.g. its history was deleted)
+            deadline = time.monotonic() + 10
+            while not standin.tasks and time.monotonic() < deadline:
+                time.sleep(0.01)
+            with standin.lock:
+                standin.tasks.clear()
+
+        threading.Thread(target=vanish, daemon=True).start()
+        done, _ = run_stager(s, standin, {"j": [(A, "/f", E, "/g")]})
+    assert "cannot be read any more (404 TaskNotFound" in done["j"]
