@@ -1,6 +1,6 @@
 """The direct path vs Redis: put in a producer -> resolved in a consumer process (issue 12).
 
-    python -m benchmarks.data_direct [--json] [--sizes 1kib,1mib,100mib] [--reps-small 30] [--reps-large 7]
+    python -m benchmarks.data_direct [--json] [--sizes 1kib,1mib,100mib] [--reps-small 30] [--reps-large 7] [--netns]
 
 On loopback: a rendezvous server and the object server (child processes, started by
 `skyfn.data.connectors.direct.benchmark_connector`), a password-protected redis-server
@@ -13,6 +13,10 @@ resolves direct refs through the object server's capability check, as a task on 
 endpoint would, over a channel it keeps between pulls (the first pull's call and punch
 are in the warm-ups). Median after two warm-ups per cell. The last line (--json) holds
 `direct_over_redis_<size>` (goal for 100 MiB: <= 0.5).
+
+`--netns` (root): the producer's endpoint and the consumer each behind its own NAT router,
+Redis and the rendezvous server in the public namespace (benchmarks/data_direct_peer.py;
+each sample also crosses the driver's pipes, a few hundred microseconds).
 
 `pair_seconds(kind, nbytes, reps)` runs one such producer/consumer pair and returns the
 samples in seconds (kind "direct" or "redis"); benchmarks/data.py uses
@@ -29,6 +33,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 SIZES = {"1kib": 1 << 10, "1mib": 1 << 20, "100mib": 100 << 20}
 SECRET = os.urandom(32).hex()
@@ -134,6 +139,109 @@ def pair_seconds(kind: str, nbytes: int, reps: int = 5, warmup: int = 2) -> list
         return [s.pair.once(kind, payload) for _ in range(reps)]
 
 
+class NetnsSetup:
+    """--netns: the producer's endpoint (object server + producer process) and the consumer
+    in their own network namespaces behind NAT routers (tests/comm/netns.py), the rendezvous
+    server and the redis-server in the public namespace -- Redis as the third party both
+    reach through their NATs. Needs root; everything is removed at exit."""
+
+    PORT_RDV, PORT_REDIS = 7300, 6379
+
+    def __enter__(self) -> "NetnsSetup":
+        import secrets
+        import subprocess
+
+        from tests.comm.natgroup import LineReader, start_rendezvous
+        from tests.comm.netns import NatTopology, wait_listening
+
+        self.topo = NatTopology(2).create()
+        self.work = Path(tempfile.mkdtemp(prefix="skyfn-bench-direct-netns-"))
+        try:
+            topo, pub = self.topo, self.topo.public_ip
+            rdv_secret = secrets.token_hex(16)
+            start_rendezvous(topo, rdv_secret, self.PORT_RDV)
+            password = secrets.token_hex(24)
+            conf = self.work / "redis.conf"
+            fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)   # the password: never on argv
+            with os.fdopen(fd, "w") as f:
+                f.write(f"port {self.PORT_REDIS}\nbind {pub}\nrequirepass {password}\nsave \"\"\nappendonly no\n"
+                        f"dir {self.work}\n")
+            redis = topo.spawn(topo.public_ns, ["redis-server", str(conf)], stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            wait_listening(topo, topo.public_ns, self.PORT_REDIS, proc=redis)
+            name, directory, ready = "objects.bench-producer", str(self.work / "objects"), self.work / "ready.json"
+            rdv = f"{pub}:{self.PORT_RDV}"
+            topo.python(topo.sites[0].ns, ["-m", "endpoint_agent.object_server", "--rendezvous", rdv, "--name", name,
+                                           "--store", "bench-direct", "--directory", directory, "--endpoint-id",
+                                           "bench-producer", "--ready-file", str(ready), "--log-level", "warning"],
+                        env={"SKYFN_RENDEZVOUS_SECRET": rdv_secret, "SKYFN_DIRECT_STORE_SECRET": SECRET},
+                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            deadline = time.monotonic() + 30
+            while not ready.exists():
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the object server did not listen within 30 s")
+                time.sleep(0.05)
+            env = {"SKYFN_RENDEZVOUS_SECRET": rdv_secret, "SKYFN_DATA_REDIS_PASSWORD": password,
+                   "SKYFN_BENCH_STORE_SECRET": SECRET, "SKYFN_DATA_CACHE_BYTES": "0"}
+            args = [rdv, name, directory, pub, str(self.PORT_REDIS)]
+            self.peers = {}
+            for role, site, ep in (("producer", topo.sites[0], "bench-producer"),
+                                   ("consumer", topo.sites[1], "bench-consumer")):
+                proc = topo.python(site.ns, ["-m", "benchmarks.data_direct_peer", role, *args],
+                                   env={**env, "SKYFN_ENDPOINT_ID": ep}, stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                self.peers[role] = (proc, LineReader(proc))
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _ask(self, role: str, msg: dict) -> dict:
+        proc, reader = self.peers[role]
+        proc.stdin.write(json.dumps(msg) + "\n")
+        proc.stdin.flush()
+        return reader.json(300)
+
+    def once(self, kind: str, nbytes: int) -> float:
+        made = self._ask("producer", {"kind": kind, "nbytes": nbytes})
+        got = self._ask("consumer", {"ref": made["ref"]})
+        if got["size"] != nbytes:
+            raise RuntimeError(f"the consumer resolved {got['size']} bytes, not {nbytes}")
+        return got["t1"] - made["t0"]
+
+    def channels(self) -> dict:
+        return self._ask("consumer", {"channels": True})["channels"]
+
+    def __exit__(self, *exc) -> None:
+        for proc, _ in getattr(self, "peers", {}).values():
+            if proc.stdin:
+                proc.stdin.close()
+        self.topo.close()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def measure(once, labels: list[str], reps_small: int, reps_large: int) -> dict:
+    """{kind: {label: {median_ms, min_ms, reps}}}: two warm-ups per cell, then samples of Redis
+    and direct interleaved, so both see the same machine load."""
+    results: dict[str, dict] = {}
+    for label in labels:
+        nbytes = SIZES[label]
+        reps = reps_large if nbytes >= 16 << 20 else reps_small
+        for kind in ("redis", "direct"):
+            for _ in range(2):
+                once(kind, nbytes)
+        samples: dict[str, list] = {"redis": [], "direct": []}
+        for _ in range(reps):
+            for kind in ("redis", "direct"):
+                samples[kind].append(once(kind, nbytes))
+        for kind, times in samples.items():
+            results.setdefault(kind, {})[label] = {"median_ms": round(statistics.median(times) * 1000, 3),
+                                                   "min_ms": round(min(times) * 1000, 3), "reps": reps}
+            print(f"  {kind:<7} {label:>7} median {statistics.median(times) * 1000:10.3f} ms  "
+                  f"min {min(times) * 1000:10.3f} ms  (n={reps})", flush=True)
+    return results
+
+
 def main() -> None:
     import numpy as np
 
@@ -142,29 +250,28 @@ def main() -> None:
     parser.add_argument("--sizes", default=",".join(SIZES))
     parser.add_argument("--reps-small", type=int, default=30)
     parser.add_argument("--reps-large", type=int, default=7)
+    parser.add_argument("--netns", action="store_true", help="producer and consumer behind NATs (root)")
     args = parser.parse_args()
+    labels = [x for x in args.sizes.split(",") if x]
     load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    results: dict[str, dict] = {}
-    with Setup() as s:
-        for label in [x for x in args.sizes.split(",") if x]:
-            nbytes = SIZES[label]
-            payload = np.frombuffer(os.urandom(nbytes), dtype=np.uint8)
-            reps = args.reps_large if nbytes >= 16 << 20 else args.reps_small
-            for kind in ("redis", "direct"):
-                for _ in range(2):
-                    s.pair.once(kind, payload)
-            samples = {"redis": [], "direct": []}
-            for _ in range(reps):                       # interleaved: both see the same machine load
-                for kind in ("redis", "direct"):
-                    samples[kind].append(s.pair.once(kind, payload))
-            for kind, times in samples.items():
-                results.setdefault(kind, {})[label] = {"median_ms": round(statistics.median(times) * 1000, 3),
-                                                       "min_ms": round(min(times) * 1000, 3), "reps": reps}
-                print(f"  {kind:<7} {label:>7} median {statistics.median(times) * 1000:10.3f} ms  "
-                      f"min {min(times) * 1000:10.3f} ms  (n={reps})", flush=True)
-        channels = [c for chans in s.pair.channels().values() for c in chans]
+    if args.netns:
+        with NetnsSetup() as s:
+            results = measure(s.once, labels, args.reps_small, args.reps_large)
+            channels = [c for chans in s.channels().values() for c in chans]
+    else:
+        payloads: dict[int, Any] = {}
+
+        with Setup() as s:
+            def once(kind: str, nbytes: int) -> float:
+                if nbytes not in payloads:
+                    payloads[nbytes] = np.frombuffer(os.urandom(nbytes), dtype=np.uint8)
+                return s.pair.once(kind, payloads[nbytes])
+
+            results = measure(once, labels, args.reps_small, args.reps_large)
+            channels = [c for chans in s.pair.channels().values() for c in chans]
     print("consumer's channels to the object server:", channels)
-    summary = {"load_average_start": load_start,
+    summary = {"setup": "netns (two NATs; Redis and rendezvous in the public namespace)" if args.netns else "loopback",
+               "load_average_start": load_start,
                "load_average_end": " ".join(f"{x:.2f}" for x in os.getloadavg()), "results": results,
                "direct_channels": channels}
     for label in results.get("direct", {}):
