@@ -127,9 +127,13 @@ class Stager:
                 if self.stopping:
                     return
                 batches = self._form_batches(time.monotonic())
-            for pair, items in batches:
-                self._submit(pair, items)
-            self._poll_due()
+            try:
+                for pair, items in batches:
+                    self._submit(pair, items)
+                self._poll_due()
+            except Exception:  # noqa: BLE001 - the stager must outlive a surprise; its tasks keep waiting
+                log.exception("Globus stager step failed; retrying")
+                time.sleep(1.0)
             with self.cv:
                 if self.stopping:
                     return
