@@ -272,6 +272,11 @@ from lambdas.security_api import router as _security_router  # noqa: E402
 
 app.include_router(_security_router)
 
+# --- Globus Flows action provider (issue 14): /flows-ap, in front of task submission --------
+from lambdas.action_provider import router as _action_provider_router  # noqa: E402
+
+app.include_router(_action_provider_router)
+
 
 @app.get("/openapi.json", include_in_schema=False)
 def openapi():
