@@ -9,6 +9,7 @@
 """
 import sys
 from glob import glob
+from pathlib import Path
 
 from setuptools import find_packages, setup
 
@@ -32,13 +33,24 @@ def comm_extension():
     return cythonize([core], language_level=3)
 
 
-# directories of data files only, shipped as (namespace) packages of their own
-DATA_DIRS = ["stepfunctions.definitions", "infra.aws.docker"]
+def data_dirs(packages):
+    """Directories of data files only (stepfunctions/definitions, infra/aws/docker, ...) under
+    the packages: shipped whole, each as a package of its own."""
+    out = []
+    for pkg in packages:
+        for sub in sorted(Path(*pkg.split(".")).iterdir()):
+            if sub.is_dir() and sub.name != "__pycache__" and not (sub / "__init__.py").exists():
+                out.append(f"{pkg}.{sub.name}")
+    return out
+
+
+PACKAGES = find_packages(include=PURE + (["comm", "comm.*"] if EDITABLE else []))
+DATA = data_dirs([p for p in PACKAGES if not p.startswith("comm")])
 
 setup(
-    packages=find_packages(include=PURE + (["comm", "comm.*"] if EDITABLE else [])) + DATA_DIRS,
+    packages=PACKAGES + DATA,
     # data files beside the code: ASL definitions, the status page, READMEs, the rendezvous Dockerfile
-    package_data={"": ["*.json", "*.html", "*.js", "*.css", "*.svg", "*.md"], "infra.aws.docker": ["*"]},
+    package_data={"": ["*.json", "*.html", "*.js", "*.css", "*.svg", "*.md"], **{d: ["*"] for d in DATA}},
     ext_modules=comm_extension() if EDITABLE else [],
     options={"build_ext": {"parallel": 2}},
 )

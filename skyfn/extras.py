@@ -5,8 +5,9 @@
 
     pip install 'skyfn[endpoint]'   the endpoint agent (skyfn-endpoint)
     pip install 'skyfn[local]'      the embedded runtime (skyfn local up)
-    pip install 'skyfn[comm]'       the communicator and its rendezvous server
-    pip install 'skyfn[all]'        all three
+    pip install 'skyfn[comm]'       the communicator (compiled), numpy, pyarrow
+    pip install 'skyfn[report]'     the figures of `skyfn report`
+    pip install 'skyfn[all]'        all of these (not the CDK app: skyfn[aws])
 
 `require(extra, what)` checks, without importing anything, that the extra's modules can be
 found, and raises MissingExtra naming the command, the missing modules and the pip line.
@@ -21,6 +22,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "local": ("zmq", "psutil", "redis", "boto3", "moto", "aws_lambda_powertools", "jwt", "cryptography",
               "lambdas", "infra", "endpoint_agent"),
     "comm": ("comm", "numpy", "pyarrow"),
+    "report": ("matplotlib", "numpy"),
 }
 
 

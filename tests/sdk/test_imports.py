@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 HEAVY = ("boto3", "botocore", "lambdas", "infra", "endpoint_agent", "comm", "rendezvous", "redis", "zmq", "moto",
-         "pyarrow", "numpy", "aws_lambda_powertools", "psutil", "globus_sdk", "cryptography")
+         "pyarrow", "numpy", "aws_lambda_powertools", "psutil", "globus_sdk", "cryptography", "matplotlib")
 
 
 def _modules_after(code: str) -> set[str]:
@@ -24,6 +24,13 @@ def test_sdk_imports_nothing_above_protocol():
     mods = _modules_after("import skyfn; skyfn.Client; skyfn.Executor; import skyfn.config, skyfn.http")
     assert not mods & set(HEAVY), mods & set(HEAVY)
     assert "requests" in mods
+
+
+def test_sdk_with_data_refs_and_the_cli_stays_light():
+    """The data plane's public names and the CLI module (its commands load their parts lazily)."""
+    mods = _modules_after("import skyfn, skyfn.data, skyfn.cli, skyfn.extras; skyfn.Client; skyfn.Executor; "
+                          "skyfn.data.Store; import skyfn.protocol.allowlist")
+    assert not mods & set(HEAVY), mods & set(HEAVY)
 
 
 def test_sdk_with_data_refs_and_the_cli_stays_light():

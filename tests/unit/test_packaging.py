@@ -53,7 +53,8 @@ def test_extras_bring_their_parts():
     assert {"skyfn", "moto", "aws-lambda-powertools"} <= opt["local"]  # skyfn[endpoint] and the service
     assert {"aws-cdk-lib", "constructs"} <= opt["aws"]
     (everything,) = _reqs(PROJECT["optional-dependencies"]["all"])
-    assert everything.extras == {"endpoint", "comm", "local"}
+    assert {"matplotlib"} <= opt["report"]
+    assert everything.extras == {"endpoint", "comm", "local", "report"}
 
 
 def test_metadata_uses_ranges_and_the_pins_satisfy_them():
