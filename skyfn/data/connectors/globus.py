@@ -286,9 +286,9 @@ class GlobusConnector:
                                   "{collection, root, token_file, ...})") from None
 
     def close(self) -> None:
-        if self._tc is not None:
-            self._tc.close() if hasattr(self._tc, "close") else None
-            self._tc = None
+        tc, self._tc = self._tc, None
+        if tc is not None and hasattr(tc, "close"):
+            tc.close()
 
 
 __all__ = ["GlobusConnector", "GlobusFile", "GlobusFileError", "Layout", "LOCAL_ENV", "describe_failure",
