@@ -10,7 +10,7 @@ from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, pro
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from lambdas.core import blobs, deps, push
+from lambdas.core import blobs, deps, push, stage_metrics
 from skyfn.protocol.messages import ResultPack
 from skyfn.protocol.states import format_events
 
@@ -46,6 +46,8 @@ def record_handler(record: SQSRecord) -> None:
         logger.info("results ignored", extra={"duplicates": dup, "unknown": unknown, "endpoint": pack.endpoint_id})
     metrics.add_metric(name="ResultsStored", unit=MetricUnit.Count, value=stored)
     metrics.add_metric(name="ResultsDuplicate", unit=MetricUnit.Count, value=dup)
+    if stored:  # latency per stage of what this pack finished (EMF; the dashboard graphs it)
+        stage_metrics.record(metrics, [r.task_id for r in pack.results])
 
 
 @metrics.log_metrics

@@ -42,6 +42,7 @@ from stepfunctions import catalog
 LEASE_SECONDS = 60
 MAX_DELIVERIES = 5
 SCHEDULE_MINUTES = {"reaper": 1, "history": 1}
+STAGE_METRICS = ("StageServiceMs", "StageQueueMs", "StageDispatchMs", "StageRunMs", "StageReturnMs")
 SQS_ENDPOINT_QUEUE_ACTIONS = ["sqs:CreateQueue", "sqs:GetQueueUrl", "sqs:GetQueueAttributes",
                               "sqs:SetQueueAttributes"]
 
@@ -345,6 +346,25 @@ class ServiceStack(Stack):
                            + [fn.metric_throttles(period=five) for fn in self.functions.values()]),
             cw.GraphWidget(title="Lambda duration p99", width=8,
                            left=[fn.metric_duration(period=five, statistic="p99") for fn in self.functions.values()]))
+        # latency per stage from task events (lambdas/core/stage_metrics.py, EMF by the results function)
+        def stage(name: str, statistic: str) -> cw.Metric:
+            return cw.Metric(namespace="skyfn", metric_name=name, dimensions_map={"service": "results"},
+                             statistic=statistic, period=five, label=f"{name} {statistic}")
+
+        board.add_widgets(
+            cw.GraphWidget(title="Task latency per stage (ms, mean of pack means)", width=12, stacked=True,
+                           left=[stage(m, "Average") for m in STAGE_METRICS]),
+            cw.GraphWidget(title="Task end to end (ms) and tasks measured", width=12,
+                           left=[stage("TaskTotalMs", "Average"), stage("TaskTotalMs", "p99")],
+                           right=[stage("TasksMeasured", "Sum")]))
+        ws = self.push.api.api_id
+        board.add_widgets(
+            cw.GraphWidget(title="Results push (WebSocket API)", width=12, left=[
+                cw.Metric(namespace="AWS/ApiGateway", metric_name=m, dimensions_map={"ApiId": ws}, statistic="Sum",
+                          period=five) for m in ("ConnectCount", "MessageCount", "ClientError", "IntegrationError")]),
+            cw.GraphWidget(title="Results stored per 5 min", width=12, left=[
+                cw.Metric(namespace="skyfn", metric_name="ResultsStored", dimensions_map={"service": "results"},
+                          statistic="Sum", period=five)]))
         board.add_widgets(
             cw.GraphWidget(title="Results queue", width=12, left=[
                 self.results_queue.metric_approximate_number_of_messages_visible(period=five),
