@@ -20,10 +20,10 @@ channel: one whose SKYFN_ENDPOINT_ID (the agent sets it for its workers) is the 
 process outside any endpoint (the SDK) is local when it can write the directory (on the
 agent's machine), else it pulls. `local=True`/`False` overrides that (not in `config()`).
 
-`config()` carries no secret. The rendezvous token for `name` comes from the environment
-variable named by `token_env` (default SKYFN_DIRECT_TOKEN), else the file `token_file`,
-else it is minted from the rendezvous secret in `secret_env` (default
-SKYFN_RENDEZVOUS_SECRET) or `secret_file`.
+`config()` carries no secret. The rendezvous token for `name` is minted from the
+rendezvous secret in the environment variable named by `secret_env` (default
+SKYFN_RENDEZVOUS_SECRET) or the file `secret_file`, else taken from `token_env` (default
+SKYFN_DIRECT_TOKEN) or `token_file` (a token is made for one name).
 
 Channel protocol (comm tags; rank 0 the object server, rank 1 the consumer):
   tag 1  consumer -> server  JSON {"v": 1, "op": "get"|"exists", "store", "key", "cap", "user", "evict"}
@@ -62,32 +62,32 @@ def default_directory(name: str) -> str:
 
 def rendezvous_token(name: str, token_env: str = TOKEN_ENV, token_file: Optional[str] = None,
                      secret_env: str = SECRET_ENV, secret_file: Optional[str] = None) -> str:
-    """The group token that admits LISTEN / CALL of `name` (see the module docstring)."""
-    token = os.environ.get(token_env) if token_env else None
-    if not token and token_file:
+    """The group token that admits LISTEN / CALL of `name`: minted from the rendezvous secret
+    when this process has it (`secret_env`, `secret_file`: it admits any name), else a token
+    made for this name (`token_env`, `token_file`)."""
+    problems = []
+
+    def read(path: Optional[str], what: str) -> Optional[str]:
+        if not path:
+            return None
         try:
-            with open(os.path.expanduser(token_file)) as f:
-                token = f.read().strip()
+            with open(os.path.expanduser(path)) as f:
+                return f.read().strip() or None
         except OSError as exc:
-            raise DataConfigError(f"direct connector {name!r}: cannot read token_file {token_file}: "
-                                  f"{exc.strerror}") from None
+            problems.append(f"cannot read {what} {path}: {exc.strerror}")
+            return None
+
+    secret = (os.environ.get(secret_env) if secret_env else None) or read(secret_file, "secret_file")
+    if secret:
+        from rendezvous.tokens import make_token
+
+        return make_token(secret, name)
+    token = (os.environ.get(token_env) if token_env else None) or read(token_file, "token_file")
     if token:
         return token
-    secret = os.environ.get(secret_env) if secret_env else None
-    if not secret and secret_file:
-        try:
-            with open(os.path.expanduser(secret_file)) as f:
-                secret = f.read().strip()
-        except OSError as exc:
-            raise DataConfigError(f"direct connector {name!r}: cannot read secret_file {secret_file}: "
-                                  f"{exc.strerror}") from None
-    if not secret:
-        raise DataConfigError(f"direct connector {name!r} has no rendezvous token: set {token_env} to "
-                              f"rendezvous.make_token(secret, {name!r}), or name a token_file, or set {secret_env} "
-                              "(or secret_file) to the rendezvous server's secret")
-    from rendezvous.tokens import make_token
-
-    return make_token(secret, name)
+    raise DataConfigError(f"direct connector {name!r} has no rendezvous token: set {secret_env} (or secret_file) to "
+                          f"the rendezvous server's secret, or set {token_env} to rendezvous.make_token(secret, "
+                          f"{name!r}) (or name a token_file)" + (f" ({'; '.join(problems)})" if problems else ""))
 
 
 def object_path(directory: str, key: str) -> str:
@@ -343,7 +343,8 @@ class DirectConnector:
             raise RefResolutionError(store, key, str(exc)) from None
         except RendezvousError as exc:
             hint = {"no_listener": "is it running? (the producer endpoint's agent starts it with `data: direct:`)",
-                    "bad_token": f"the token for {self.name!r} was not made with the rendezvous server's secret",
+                    "bad_token": f"the token for {self.name!r} was made with another secret or for another name "
+                                 f"(a token admits one name; {self.secret_env} admits any)",
                     "expired_token": f"the token for {self.name!r} expired: mint a new one"}.get(exc.code, "")
             raise RefResolutionError(store, key, f"cannot reach {where}: {exc.code}: {exc.reason} {hint}".strip()) \
                 from None
