@@ -307,6 +307,8 @@ class ObjectServer:
                     finally:
                         if hasattr(payload, "close"):
                             payload.close()
+                    if busy:
+                        break                          # the consumer calls again later, on a fresh channel
             finally:
                 with self._lock:
                     self._active -= 1

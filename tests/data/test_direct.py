@@ -385,3 +385,36 @@ def test_the_object_server_listens_again_after_the_rendezvous_server_restarts(tm
         server.stop()
         if second is not None:
             second.stop()
+
+
+def test_consumers_beyond_max_channels_are_told_busy(rdv, tmp_path, unique, monkeypatch):
+    from comm import Communicator
+    from rendezvous import client
+
+    monkeypatch.setenv("SKYFN_RENDEZVOUS_SECRET", RDV_SECRET)
+    monkeypatch.setenv("SKYFN_ENDPOINT_ID", "ep-consumer")
+    name, directory = f"objects.busy-{unique}", str(tmp_path / "o")
+    token = rendezvous.make_token(RDV_SECRET, name)
+    with ObjectServer(rdv.address, name, directory, {"s": STORE_SECRET}, lambda: token, max_channels=1) as server:
+        producer = Store("s", DirectConnector(rdv.address, name, directory, local=True), secret=STORE_SECRET,
+                         register=False)
+        consumer = Store("s", DirectConnector(rdv.address, name, directory, endpoint_id="ep-producer"),
+                         secret=STORE_SECRET, register=False)
+        ref = producer.ref("payload", owner="alice")
+        context.set_user("alice")
+        group, group_token = client.call(rdv.address, name, token)
+        hold = Communicator.join(group, rdv.address, group_token, 2, rank=1, timeout=20)   # the only slot
+        deadline = time.monotonic() + 10
+        while server._active < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with pytest.raises(RefResolutionError, match="serves 1 consumers already; retry later"):
+            fresh(consumer, ref)
+        assert channel_stats().get(name, []) == []       # a busy channel is not kept
+        hold.close()
+        while server._active > 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert fresh(consumer, ref) == "payload"         # a slot is free again: served
+        close_channels()
+    context.set_user(None)

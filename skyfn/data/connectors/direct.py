@@ -378,7 +378,10 @@ class DirectConnector:
                     raise RefResolutionError(store, key, f"the channel to the object server {self.name!r} failed: "
                                              f"{exc}") from None
                 continue                       # an idle channel the server had closed: once more, fresh
-            _give(pool_key, ch)
+            if head.get("code") == "busy":
+                _close_quietly(ch)                     # the server closes it too: not worth keeping
+            else:
+                _give(pool_key, ch)
             if not head.get("ok"):
                 reason = head.get("reason") or head.get("code") or "refused"
                 if head.get("code") == "denied":
