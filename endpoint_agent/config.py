@@ -342,6 +342,7 @@ provider: local            # allowed: local, slurm, pbs
 #   - {{owner: alice, name: simulate}}         # any function alice registered under this name
 
 # --- Data (skyfn.data: large arguments and results by reference) -------------------
+# Set (not a default): this endpoint keeps data by reference in its own Redis.
 data:
   default: redis                   # where the Executor puts large arguments of tasks sent here
   redis:
