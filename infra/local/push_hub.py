@@ -280,8 +280,10 @@ class PushHub:
 
     def _mark_handed_over(self, body: bytes) -> None:
         """Results inside a delivered push count as retrieved (purged result_ttl later)."""
+        import orjson
+
         try:
-            tasks = json.loads(body).get("tasks") or []
+            tasks = orjson.loads(body).get("tasks") or []
         except ValueError:
             return
         ids = [t["task_id"] for t in tasks if isinstance(t, dict) and "task_id" in t]

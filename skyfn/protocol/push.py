@@ -48,8 +48,8 @@ def done_message(prev: str, cursor: str, ids: list[str], statuses: Iterable[dict
     statuses as fit in ``max_bytes`` (the rest are fetched by the client)."""
     budget = max_bytes - 64 - len(prev) - len(cursor) - sum(len(i) + 3 for i in ids)
     tasks = []
-    for st in statuses:
-        size = len(orjson.dumps(st)) + 1
+    for st in statuses:  # a bound on the encoded size, without encoding each status twice
+        size = 64 + sum(len(k) + 2 * len(v) if isinstance(v, str) else 16 for k, v in st.items())
         if size > budget:
             continue
         budget -= size

@@ -88,3 +88,13 @@ def test_results_function_posts_to_connections_with_least_privilege(service):
                        for s in function_statements(raw, f"skyfn-ci-{key}")), key
     _, api = function(raw, "skyfn-ci-api")
     assert "SKYFN_PUSH" not in api["Environment"]["Variables"]  # push is "off" with SQS: the results function posts
+
+
+def test_dashboard_graphs_latency_per_stage_and_the_push(service):
+    raw, _ = service
+    (board,) = props(raw, "AWS::CloudWatch::Dashboard")
+    body = json.dumps(board["DashboardBody"])
+    for metric in ("StageServiceMs", "StageQueueMs", "StageDispatchMs", "StageRunMs", "StageReturnMs",
+                   "TaskTotalMs", "TasksMeasured", "ConnectCount", "MessageCount"):
+        assert metric in body, metric
+    assert "Task latency per stage" in body and "ResultsPushApi" in body
