@@ -412,6 +412,26 @@ def test_globus_auth_uses_the_token_authorizer(synth_globus):
     assert all(p["DeletionProtectionEnabled"] is False for p in tables.values())  # a dev stage
 
 
+def test_action_provider_is_deployed_behind_the_api_authorizer(t, synth_globus):
+    """Globus Flows action provider (issue 14): the API function serves /flows-ap through the
+    authorized {proxy+} resource; its scope is the Globus app's action_all scope; the stack
+    outputs the URL a flow's Action state names."""
+    svc = t["service"]
+    proxy = [r for r in res(svc, "AWS::ApiGateway::Resource").values() if r["Properties"]["PathPart"] == "{proxy+}"]
+    assert len(proxy) == 1
+    methods = [m["Properties"] for m in res(svc, "AWS::ApiGateway::Method").values()]
+    assert any(m["HttpMethod"] == "ANY" and m["AuthorizationType"] == "COGNITO_USER_POOLS" for m in methods)
+    outputs = svc["Outputs"]
+    (url,) = [v for k, v in outputs.items() if k.startswith("ActionProviderUrl")]
+    assert "/flows-ap" in json.dumps(url["Value"])
+    _, p = function(svc, "skyfn-ci-api")
+    env = p["Environment"]["Variables"]
+    assert env["SKYFN_AP_SCOPE"] == "skyfn-ci:flows-ap:all" and env["SKYFN_AP_ADMIN_CONTACT"]
+    _, g = function(synth_globus["raw"]["service"], "skyfn-devglobus-api")
+    assert g["Environment"]["Variables"]["SKYFN_AP_SCOPE"] == \
+        "https://auth.globus.org/scopes/0a1b2c3d-client/action_all"
+
+
 # --- cfn-lint -------------------------------------------------------------------------------------------
 def test_cfn_lint_reports_no_errors(synth):
     templates = sorted(str(p) for p in synth["outdir"].glob("*.template.json"))

@@ -11,7 +11,7 @@ that its handler's code uses.
 """
 from __future__ import annotations
 
-from aws_cdk import ArnFormat, Duration, Stack
+from aws_cdk import ArnFormat, CfnOutput, Duration, Stack
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_cloudwatch_actions as cw_actions
@@ -148,12 +148,27 @@ class ServiceStack(Stack):
                                                         retry_attempts=2, max_event_age=Duration.minutes(5))])
 
         self.api = self._rest_api(api_fn)
+        self._action_provider(api_fn)
         # the results push: WebSocket API, connection table, results function posting (issue 13)
         self.push = ResultsPush(self, "ResultsPush", service=self, results_fn=results_fn)
         self._alarms()
         self._dashboard()
 
     # --- building blocks ----------------------------------------------------------
+    def _action_provider(self, api_fn: lambda_.Function) -> None:
+        """The Globus Flows action provider (lambdas/action_provider.py): served by the API
+        function under /flows-ap (the {proxy+} resource, the API's authorizer). Its scope is the
+        Globus app's `action_all` scope with auth=globus (what Globus Flows asks a token for);
+        with Cognito the routes work for Cognito tokens, but Globus Flows cannot call them."""
+        if self.config.auth == "globus":
+            scope = f"https://auth.globus.org/scopes/{self.config.globus_audience}/action_all"
+        else:
+            scope = f"{self.config.prefix}:flows-ap:all"
+        api_fn.add_environment("SKYFN_AP_SCOPE", scope)
+        api_fn.add_environment("SKYFN_AP_ADMIN_CONTACT", self.config.alarm_email or f"{self.config.prefix} administrators")
+        CfnOutput(self, "ActionProviderUrl", value=self.api.url_for_path("/flows-ap"),
+                  description="Globus Flows action provider of skyfn: the URL a flow's Action state names")
+
     def endpoint_queue_statement(self, send: bool = False, receive: bool = False) -> iam.PolicyStatement:
         """Declare (create if missing, read and align attributes) the stage's endpoint
         queues; optionally send task packs to them or drain them (dead letters)."""
