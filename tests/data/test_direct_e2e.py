@@ -5,11 +5,14 @@ and "other", with no stores (`data: {}`) -- and a real rendezvous server. Task A
 returns a 100 MB array as a ref to its direct store; task B on "other" resolves it through
 the object server over a punched channel (its worker knows neither the store nor its
 secret) and gets equal values; once the producer evicts it, B's task fails naming the
-ref, the store and the reason. (Through real NATs: test_direct_nat.py.)"""
+ref, the store and the reason. The SDK on the agent's machine puts a large argument into the
+direct store itself (the Executor's automatic refs), the task on "local" reads it from the
+directory, and it is evicted when the task is done. (Through real NATs: test_direct_nat.py.)"""
 from __future__ import annotations
 
 import hashlib
 import os
+import time
 
 import numpy as np
 import pytest
@@ -102,6 +105,16 @@ def test_a_100mb_array_goes_from_one_endpoint_to_another_by_direct_ref(site):
         assert got["store_known_here"] is False and got["local"] is False     # pulled, without the store's secret
         assert got["modes"] == ["direct"]
         assert site["rdv"].server.stats["calls"] >= 1
+        # the SDK on the agent's machine: a large argument becomes a ref in the direct store (written
+        # here), read by the task on "local" from the directory, evicted when the task is done
+        arg = np.random.default_rng(8).random(N // 20)                      # 5 MiB: above the 1 MiB threshold
+        got = on_a.submit(consume, arg).result(timeout=120)
+        assert got["sha256"] == hashlib.sha256(arg.tobytes()).hexdigest() and got["local"] is True
+        objects = site["home"].parent / "objects"
+        deadline = time.time() + 10
+        while [p for p in os.listdir(objects) if not p.endswith(".ttl")] and time.time() < deadline:
+            time.sleep(0.05)
+        assert [p for p in os.listdir(objects) if not p.endswith(".ttl")] == [ref_info(ref).key]   # A's result only
         # evicted by the producer: B's task fails naming the ref, the store and the reason
         gone = on_a.submit(produce, 1000, 6).result(timeout=60)
         assert on_a.submit(evict_it, gone).result(timeout=60) is True
