@@ -504,8 +504,13 @@ def start_process(args: list[str], env: Optional[dict] = None, ready_timeout: fl
     deadline = time.monotonic() + ready_timeout
     while not os.path.exists(ready):
         if proc.poll() is not None:
-            raise RuntimeError(f"the object server exited with code {proc.returncode} before listening"
-                               + (f" (see {log_file})" if log_file else ""))
+            said = ""
+            if log_file:
+                with open(log_file, errors="replace") as f:
+                    lines = [ln.strip() for ln in f if ln.strip()]
+                said = f": {lines[-1]}" if lines else ""
+            raise RuntimeError(f"the object server exited with code {proc.returncode} before listening{said}"
+                               + (f" (log: {log_file})" if log_file else ""))
         if time.monotonic() > deadline:
             proc.kill()
             proc.wait(5)

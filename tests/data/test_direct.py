@@ -418,3 +418,24 @@ def test_consumers_beyond_max_channels_are_told_busy(rdv, tmp_path, unique, monk
         assert fresh(consumer, ref) == "payload"         # a slot is free again: served
         close_channels()
     context.set_user(None)
+
+
+def test_agent_start_fails_clearly_when_the_name_is_taken(rdv, tmp_path, monkeypatch):
+    from endpoint_agent.data_config import DataConfig
+    from endpoint_agent.data_plane import EndpointData
+
+    monkeypatch.setenv("SKYFN_RENDEZVOUS_SECRET", RDV_SECRET)
+    monkeypatch.setenv("SKYFN_DATA_STORES", "")
+    monkeypatch.setenv("SKYFN_ENDPOINT_ID", "")
+    from rendezvous import client
+
+    holder = client.listen(rdv.address, "objects.ep-dup", rendezvous.make_token(RDV_SECRET, "objects.ep-dup"))
+    try:
+        config = DataConfig.model_validate({"direct": {"rendezvous": rdv.address, "directory": str(tmp_path / "o")}})
+        with pytest.raises(RuntimeError, match="the object server exited with code 1 before listening: error: object "
+                                               "server objects.ep-dup of endpoint ep-dup: the rendezvous server .* "
+                                               "refused LISTEN: name_taken: an object server already listens as "
+                                               "objects.ep-dup"):
+            EndpointData(config, tmp_path / "ep", "ep-dup").start()
+    finally:
+        holder.close()
