@@ -151,7 +151,8 @@ def bench_skyfn(tasks: int, rtt_n: int, big: int = 0) -> dict:
             with Executor(endpoint="local") as ex, PeakRss(pids) as rss:
                 batch_run(ex, 1000)
                 elapsed = batch_run(ex, big)
-            big_result = {"tasks_per_s": big / elapsed, "s": elapsed,
+                big_push = ex.push_stats
+            big_result = {"tasks_per_s": big / elapsed, "s": elapsed, "push_stats": big_push,
                           "peak_rss_mb": {k: round(v / 2**20, 1) for k, v in rss.peak.items()}}
     finally:
         runtime.down(home, echo=lambda *_: None)
@@ -267,6 +268,7 @@ def main() -> None:
             round(extra["big"]["tasks_per_s"])
         summary["batch_big_s"] = round(extra["big"]["s"], 2)
         summary["peak_rss_mb"] = extra["big"]["peak_rss_mb"]
+        summary["batch_big_push_stats"] = extra["big"]["push_stats"]
     summary["push_stats"] = extra["push_stats"]
     print(f"round trip p50 with push {sky['rtt_p50_ms']:.2f} ms, with long-poll {extra['rtt_poll_p50_ms']:.2f} ms; "
           f"API requests per 10k tasks: {extra['requests']}")

@@ -371,6 +371,8 @@ class Executor(_BaseExecutor):
                     self._send_cancels(cancels)
                 elif batch:
                     self._send_batch(batch)
+                    if self._pushed is not None:
+                        self._pushed.drain()
                 elif self._pushed is not None and self._pushed.ensure():
                     self._pushed.wait(self._wake_r)
                 elif self._outstanding:

@@ -162,6 +162,18 @@ class PushedResults:
             elif self.idle_since is not None and time.monotonic() - self.idle_since >= ex._idle_exit:
                 self.close()  # idle: the Executor's thread may end
 
+    def drain(self) -> None:
+        """Apply what was pushed meanwhile, without waiting (between submissions of a large
+        batch: the socket must not fill up while the thread is busy sending)."""
+        if not self.connected:
+            return
+        if select.select([self.channel.fileno()], [], [], 0)[0]:
+            msgs = self.channel.read()
+            if msgs is None:
+                self._lost()
+            elif msgs:
+                self._apply(msgs)
+
     def quiet_check(self) -> None:
         self.stats["quiet_checks"] += 1
         found = self.resync(full=False)
