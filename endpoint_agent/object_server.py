@@ -323,8 +323,8 @@ class ObjectServer:
         """(reply, bytes or None) for one request (see the channel protocol in direct.py)."""
         try:
             req = json.loads(raw)
-            if not isinstance(req, dict) or req.get("op") not in ("get", "exists"):
-                raise ValueError("op must be get or exists")
+            if not isinstance(req, dict) or req.get("op") not in ("get", "exists", "evict"):
+                raise ValueError("op must be get, exists or evict")
             key = req.get("key")
             path = object_path(self.directory, key)
         except (ValueError, TypeError) as exc:
@@ -348,6 +348,15 @@ class ObjectServer:
             code = "expired" if "expired" in str(exc) else "denied"
             log.info("%s: refused %s/%s: %s", self.where, store, key, exc)
             return _reply(code, f"{exc} (checked by the {self.where})"), None
+        if req["op"] == "evict":
+            if user is None or user != cap.owner:
+                self.stats["refused"] += 1
+                return _reply("denied", f"only its owner {cap.owner} may evict it, not {user or 'an unknown user'} "
+                                        f"(refused by the {self.where})"), None
+            existed = os.path.exists(path)
+            self._unlink(path)
+            log.info("%s: %s evicted %s/%s", self.where, user, store, key)
+            return {"ok": True, "evicted": existed}, None
         if not cap.allows(user):
             self.stats["refused"] += 1
             log.info("%s: refused %s/%s to %s (owner %s)", self.where, store, key, user, cap.owner)

@@ -141,7 +141,14 @@ class ArgumentRefs:
                     self._users[k] = n
         for info in gone:
             store = get_store(info.store)
-            if store is not None:
+            if store is None and info.connector.get("kind") == "direct":   # another endpoint's: its object server
+                try:                                                          # evicts it for the owner
+                    from skyfn.data.connectors.direct import evict_ref
+
+                    evict_ref(info)
+                except Exception:  # noqa: BLE001 - as below: its TTL (if any) ends it
+                    pass
+            elif store is not None:
                 try:
                     store.evict(info.key)
                 except Exception:  # noqa: BLE001 - its TTL (if any) ends it; never fail a future over this

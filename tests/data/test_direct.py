@@ -439,3 +439,39 @@ def test_agent_start_fails_clearly_when_the_name_is_taken(rdv, tmp_path, monkeyp
             EndpointData(config, tmp_path / "ep", "ep-dup").start()
     finally:
         holder.close()
+
+
+def test_only_the_owner_evicts_through_the_object_server(site):
+    """From another endpoint (or a laptop) the owner evicts a ref through the object server,
+    as the Executor does after the tasks consuming it (skyfn.data.autoref); others cannot."""
+    from skyfn.data.connectors.direct import evict_ref
+
+    server, producer, consumer = site
+    ref = producer.ref(np.arange(3), owner="alice", share_with=["bob"], ttl=60)
+    info = ref_info(ref)
+    for user in ("bob", "mallory"):
+        context.set_user(user)
+        with pytest.raises(RefAccessDenied, match=f"only its owner alice may evict it, not {user}"):
+            evict_ref(info)
+    assert producer.exists(info.key)
+    context.set_user("alice")
+    assert evict_ref(info) is True and not producer.exists(info.key)
+    assert evict_ref(info) is False                    # already gone: not an error
+
+
+def test_the_executors_refs_of_another_endpoint_are_evicted_there(site):
+    from concurrent.futures import Future
+
+    from skyfn.data.autoref import ArgumentRefs
+
+    server, producer, consumer = site
+    ref = producer.ref(np.arange(3), owner="alice", ttl=60)
+    refs = ArgumentRefs(store=None, owner="alice", evict_user_refs=True)   # Executor(evict_refs=True) on a laptop
+    context.set_user("alice")
+    payload, tracked = refs.pack((ref,), {})
+    assert tracked == [ref_info(ref)]
+    task = Future()
+    refs.track(task, tracked)
+    assert producer.exists(ref_info(ref).key)
+    task.set_result(None)                              # the last task consuming it finished
+    assert not producer.exists(ref_info(ref).key) and refs.outstanding() == 0

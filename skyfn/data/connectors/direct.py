@@ -26,8 +26,8 @@ SKYFN_RENDEZVOUS_SECRET) or the file `secret_file`, else taken from `token_env` 
 SKYFN_DIRECT_TOKEN) or `token_file` (a token is made for one name).
 
 Channel protocol (comm tags; rank 0 the object server, rank 1 the consumer):
-  tag 1  consumer -> server  JSON {"v": 1, "op": "get"|"exists", "store", "key", "cap", "user", "evict"}
-  tag 2  server -> consumer  JSON {"ok": true, "size": n} | {"ok": true, "exists": bool}
+  tag 1  consumer -> server  JSON {"v": 1, "op": "get"|"exists"|"evict", "store", "key", "cap", "user", "evict"}
+  tag 2  server -> consumer  JSON {"ok": true, "size": n} | {"ok": true, "exists": bool} | {"ok": true, "evicted": bool}
                                   | {"ok": false, "code": "denied"|"missing"|"invalid"|"busy", "reason": ...}
   tag 3  server -> consumer  the object's bytes (after an ok reply to "get")
 """
@@ -275,6 +275,17 @@ class DirectConnector:
                                     "user": user, "evict": bool(info.evict)}, info.store, info.key)
         return data
 
+    def evict_for(self, info, user: Optional[str]) -> bool:
+        """Evict the object of `info` (a RefInfo) as `user`: here on the producer's endpoint,
+        else through its object server, which allows only the ref's owner. True if it was there."""
+        if self.local:
+            existed = self._local_files().exists(info.key)
+            self.evict(info.key)
+            return existed
+        head, _ = self._request({"op": "evict", "store": info.store, "key": info.key, "cap": info.capability,
+                                 "user": user}, info.store, info.key)
+        return bool(head.get("evicted"))
+
     def exists(self, key: str) -> bool:
         if self.local:
             return self._local_files().exists(key)
@@ -423,6 +434,16 @@ def resolve_without_store(info) -> Any:
     if not info.evict:
         cache.put(ck, obj, info.size)
     return obj
+
+
+def evict_ref(info) -> bool:
+    """Evict a direct ref (a RefInfo) as this process's user, wherever its endpoint is (the
+    owner's Executor evicting refs after their tasks, from a laptop)."""
+    from skyfn.data.store import cache
+
+    cache.drop((info.store, info.key))
+    cache.drop((info.store, info.key, info.capability))
+    return DirectConnector.from_config(info.connector).evict_for(info, context.current_user())
 
 
 # ---- for benchmarks: a producer's connector with its own rendezvous and object server ----------
