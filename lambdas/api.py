@@ -202,7 +202,7 @@ def task_status(body: Annotated[StatusRequest, Body()]):
 @app.get("/tasks", responses={**_ok(200, TaskList), **_errors(401, 422)})
 def list_tasks(since: Annotated[float, Query(ge=0)] = 0.0,
                endpoint_id: Annotated[Optional[str], Query(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9-]+$")] = None,
-               limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
+               limit: Annotated[int, Query(ge=1, le=20_000)] = 10_000,
                history: Annotated[bool, Query()] = True):
     """The caller's tasks created since `since` (epoch seconds), newest first, with events."""
     from lambdas.core import task_list

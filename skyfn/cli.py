@@ -47,13 +47,6 @@ def _need_local(what: str) -> None:
     require("local", what)
 
 
-def _need_local(what: str) -> None:
-    """The embedded runtime is the `local` extra: say how to install it when it is missing."""
-    from skyfn.extras import require
-
-    require("local", what)
-
-
 def _run(action: Callable[[], object]):
     """Run `action`; any failure becomes one clear line on stderr and exit code 1."""
     try:
@@ -288,7 +281,7 @@ def report(
     endpoint: Optional[str] = typer.Option(None, "--endpoint", help="only this endpoint (name or id)"),
     html: Optional[str] = typer.Option(None, "--html", help="write one self-contained HTML file here"),
     png: Optional[str] = typer.Option(None, "--png", help="write the PNG figures into this directory"),
-    limit: int = typer.Option(100_000, "--limit", help="at most this many tasks (newest first)"),
+    limit: int = typer.Option(20_000, "--limit", help="at most this many tasks, newest first (20,000 at most)"),
 ) -> None:
     """A report of your tasks from their events (skyfn.report): throughput, tasks in flight and
     utilization with a Little's-law check, latency per stage, backlog per endpoint."""

@@ -388,7 +388,7 @@ class Client:
 
     def report(self, since: Union[float, str, None] = None, endpoint: Optional[str] = None,
                html: Union[str, "os.PathLike[str]", None] = None, png_dir: Union[str, "os.PathLike[str]", None] = None,
-               limit: int = 100_000) -> Any:
+               limit: int = 20_000) -> Any:
         """A report of your tasks built from their events (skyfn.report.Report: throughput,
         tasks in flight and worker utilization with a Little's-law check, latency per stage,
         backlog per endpoint). With ``html`` / ``png_dir`` it is also written there

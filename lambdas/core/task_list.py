@@ -15,7 +15,7 @@ from typing import Any
 from lambdas.core import deps
 from skyfn.protocol.states import parse_events
 
-MAX_LIST = 100_000
+MAX_LIST = 20_000  # one answer stays well under API Gateway's 10 MB / Lambda's 6 MB
 HISTORY_LOOKUPS = 2_000  # purged tasks read back one by one from the history per call
 HISTORY_STATES_FINAL = frozenset({"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED"})
 

@@ -39,7 +39,7 @@ class Report:
 
 
 def build(client, since=None, endpoint: Optional[str] = None, html: Optional[PathLike] = None,
-          png_dir: Optional[PathLike] = None, limit: int = 100_000) -> Report:
+          png_dir: Optional[PathLike] = None, limit: int = 20_000) -> Report:
     """Fetch the caller's tasks since `since` (GET /tasks) and the endpoints, analyse the
     events, and write PNGs to `png_dir` and/or one HTML file to `html`."""
     from skyfn.report import analysis
