@@ -63,9 +63,10 @@ def site_packages(venv: Path) -> Path:
     return sp
 
 
-def dists(python: Path) -> set[str]:
+def dists(python: Path, cwd: Path) -> set[str]:
+    """Distributions installed in the virtualenv (run from `cwd`: a checkout's egg-info must not count)."""
     out = _run([str(python), "-c", "import importlib.metadata as m\n"
-                "print('\\n'.join(sorted({d.metadata['Name'].lower() for d in m.distributions()})))"])
+                "print('\\n'.join(sorted({d.metadata['Name'].lower() for d in m.distributions()})))"], cwd=cwd)
     return set(out.split())
 
 
@@ -89,11 +90,11 @@ def measure(name: str, requirements: list[str], pip_args: list[str], runs: int, 
     _run([base, "-m", "venv", str(venv)])
     python = venv / "bin" / "python"
     sp = site_packages(venv)
-    before_bytes, before_dists = disk_bytes(sp), dists(python)
+    before_bytes, before_dists = disk_bytes(sp), dists(python, work)
     t = time.perf_counter()
     _run([str(python), "-m", "pip", "install", "-q", "--only-binary", ":all:", *pip_args, *requirements])
     install_s = time.perf_counter() - t
-    added = dists(python) - before_dists
+    added = dists(python, work) - before_dists
     full_code, bare_code = IMPORTS[name]
     return {
         "size_bytes": disk_bytes(sp) - before_bytes,

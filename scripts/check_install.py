@@ -120,6 +120,8 @@ def check(wheels: Path, work: Path) -> dict:
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
+    # every command runs from here: from the checkout, `python -c` would import its skyfn, not the wheel's
+    os.chdir(work)
     cons = constraints(work / "constraints.txt")
     report: dict = {"sdk_wheel": sdk_wheel.name}
 

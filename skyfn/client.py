@@ -16,7 +16,7 @@ from urllib.parse import quote
 from skyfn.config import load_config
 from skyfn.http import HttpClient, SkyfnAPIError, SkyfnConnectionError, TaskNotFound
 from skyfn.protocol import blobs
-from skyfn.protocol.api import MAX_STATUS_IDS, MAX_WAIT_SECONDS
+from skyfn.protocol.limits import MAX_STATUS_IDS, MAX_WAIT_SECONDS  # not .api: no pydantic models to build
 from skyfn.protocol.errors import (
     SkyfnError,
     TaskCancelled,

@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, TextIO, Union
 
 from skyfn.client import FINAL, Client, split_requests, task_options, task_outcome
 from skyfn.http import SkyfnAPIError, TaskNotFound
-from skyfn.protocol.api import MAX_STATUS_IDS
+from skyfn.protocol.limits import MAX_STATUS_IDS
 from skyfn.protocol.serialize import pack_args
 
 log = logging.getLogger("skyfn.executor")

@@ -29,7 +29,7 @@ import select
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from skyfn.protocol.api import MAX_STATUS_IDS
+from skyfn.protocol.limits import MAX_STATUS_IDS
 from skyfn.protocol.push import cursor_key
 
 if TYPE_CHECKING:  # pragma: no cover

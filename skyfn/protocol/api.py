@@ -11,13 +11,15 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, WithJsonSchema, f
 
 from skyfn.protocol.allowlist import MAX_ALLOWED_FUNCTIONS, AllowedFunction
 
-MAX_BATCH = 20_000          # tasks in one POST /tasks
-MAX_STATUS_IDS = 20_000     # ids in one POST /tasks/status
-MAX_WAIT_SECONDS = 20.0     # long-poll ceiling, under API Gateway's 29 s
-MAX_PAYLOAD_BYTES = 1 << 20  # one task's argument buffer inline
-MAX_FUNCTION_BYTES = 256 << 10
-MAX_REQUEST_BYTES = 10 << 20  # API Gateway's payload limit
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+from skyfn.protocol.limits import (  # noqa: F401 - the limits, kept importable from here
+    MAX_BATCH,
+    MAX_FUNCTION_BYTES,
+    MAX_PAYLOAD_BYTES,
+    MAX_REQUEST_BYTES,
+    MAX_STATUS_IDS,
+    MAX_WAIT_SECONDS,
+    NAME_PATTERN,
+)
 
 # One timestamped event, [STATE, seconds since the epoch]. Validated as a tuple; described
 # without prefixItems, which OpenAPI 3.0 tools (and schemathesis's response checks) misread.

@@ -115,6 +115,10 @@ def _with_seeds(case, seeds: dict, data) -> None:
     body = case.body
     if not isinstance(body, dict):
         return
+    if (case.path_parameters or {}).get("endpoint_id") == seeds["endpoint_id"]:
+        # a reported allowlist (issue 14) would lock the seeded endpoint for every later
+        # submission; lists are still fuzzed on the endpoints the fuzzer registers itself
+        body.pop("allowed_functions", None)
     if "wait" in body and isinstance(body["wait"], (int, float)):
         body["wait"] = min(body["wait"], MAX_FUZZ_WAIT)
     if not data.draw(st.booleans(), label="real ids in body"):
