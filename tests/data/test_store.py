@@ -51,6 +51,7 @@ def user():
     yield "alice"
     context.set_task(None)
     context.set_user(None)
+    context.set_user_provider(None)
 
 
 @pytest.fixture
@@ -168,6 +169,7 @@ def test_unknown_store_and_connector_names_are_clear_errors(user):
 
 def test_a_ref_needs_an_owner(tmp_path):
     context.set_user(None)
+    context.set_user_provider(None)  # an Executor of an earlier test may have left its client's whoami
     store = Store("f-owner", FileConnector(str(tmp_path)), secret=SECRET)
     with pytest.raises(DataConfigError, match="a ref needs an owner"):
         store.ref([1])
