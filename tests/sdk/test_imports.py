@@ -33,13 +33,6 @@ def test_sdk_with_data_refs_and_the_cli_stays_light():
     assert not mods & set(HEAVY), mods & set(HEAVY)
 
 
-def test_sdk_with_data_refs_and_the_cli_stays_light():
-    """The data plane's public names and the CLI module (its commands load their parts lazily)."""
-    mods = _modules_after("import skyfn, skyfn.data, skyfn.cli, skyfn.extras; skyfn.Client; skyfn.Executor; "
-                          "skyfn.data.Store; import skyfn.protocol.allowlist")
-    assert not mods & set(HEAVY), mods & set(HEAVY)
-
-
 def test_protocol_import_stays_light():
     mods = _modules_after("import skyfn.protocol")
     assert not mods & {"requests", "tqdm", "urllib3"}
