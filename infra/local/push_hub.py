@@ -35,6 +35,7 @@ log = logging.getLogger("skyfn.local.push")
 SEND_TIMEOUT_S = 5.0
 PING_EVERY_S = 30.0
 MAX_CLIENT_MESSAGE = 64 << 10
+SUBSCRIBE_WAIT_S = 2.0
 
 Authenticate = Callable[[str], Optional[str]]  # token -> user id, None when refused
 
@@ -188,8 +189,7 @@ class PushHub:
 
         self._redis = redis.Redis.from_url(self.redis_url, socket_keepalive=True)
         self._thread = threading.Thread(target=self._fan_out, name="skyfn-push-hub", daemon=True)
-        self._thread.start()
-        self._ready.wait(10.0)
+        self._thread.start()  # not waited for: a service must start even while Redis is away
         return self
 
     def stop(self) -> None:
@@ -212,6 +212,12 @@ class PushHub:
         return conn
 
     def subscribe(self, conn: Connection) -> None:
+        # Only with the pub/sub subscription active: what a 'subscribed' answer promises
+        # (every entry after its cursor) needs it.
+        if not self._ready.wait(SUBSCRIBE_WAIT_S):
+            conn.send(json.dumps({"type": "error", "message": "the results push is not ready (Redis unreachable); "
+                                                              "retry, or long-poll meanwhile"}))
+            return
         # Registered before the cursor is read, under the connection's lock: every entry
         # after the cursor is pushed to it, and none before its 'subscribed' answer.
         with conn.lock:
@@ -252,6 +258,7 @@ class PushHub:
                     if msg and msg["type"] == "pmessage":
                         self._deliver(msg["channel"].decode()[len(CHANNEL_PREFIX):], msg["data"])
             except Exception as exc:
+                self._ready.clear()
                 if self._stop.is_set():
                     break
                 # pushes may have been lost: every client must reconnect and catch up
