@@ -41,7 +41,7 @@ class RedisData(BaseModel):
     tls: bool = False
     tls_ca_certs: Optional[str] = None
     maxmemory: Optional[str] = Field(default=None, pattern=r"^[0-9]+[kmgKMG]?[bB]?$")
-    chunk_bytes: int = Field(default=32 << 20, ge=1 << 20, le=512 << 20)
+    chunk_bytes: int = Field(default=8 << 20, ge=1 << 20, le=512 << 20)  # 8 MiB measured fastest
 
     @model_validator(mode="after")
     def _existing(self) -> "RedisData":
