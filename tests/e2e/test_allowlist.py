@@ -11,6 +11,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -51,7 +52,8 @@ def locked_agent(local_home, client):
     entries = [fid_ok, {"owner": client.whoami(), "name": "allowed"}]
     (cfg / "config.yaml").write_text(yaml.safe_dump({"workers": 1, "heartbeat_period": 1,
                                                      "allowed_functions": entries}))
-    state = {"fid_ok": fid_ok, "fid_no": fid_no, "endpoint_id": ep, "proc": None, "log": cfg / "test.log"}
+    state = {"fid_ok": fid_ok, "fid_no": fid_no, "endpoint_id": ep, "proc": None, "log": cfg / "test.log",
+             "config": cfg / "config.yaml"}
 
     def start():
         env = dict(os.environ, SKYFN_HOME=str(local_home), PYTHONPATH=str(ROOT))
@@ -59,7 +61,12 @@ def locked_agent(local_home, client):
         state["proc"] = subprocess.Popen([sys.executable, "-m", "endpoint_agent", "start", NAME, "--foreground"],
                                          cwd=str(ROOT), env=env, stdout=state["logf"], stderr=subprocess.STDOUT)
 
-    state["start"] = start
+    def stop():
+        state["proc"].send_signal(signal.SIGTERM)
+        assert state["proc"].wait(30) == 0
+        state["logf"].close()
+
+    state["start"], state["stop"] = start, stop
     yield state
     proc = state["proc"]
     if proc is not None and proc.poll() is None:
@@ -69,7 +76,7 @@ def locked_agent(local_home, client):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
-    if "logf" in state:
+    if "logf" in state and not state["logf"].closed:
         state["logf"].close()
 
 
@@ -102,3 +109,28 @@ def test_allowlist_end_to_end(client, locked_agent, tmp_path):
         with pytest.raises(SkyfnAPIError) as refused:
             ex.submit(unlisted, 1).result(timeout=60)
     assert refused.value.status == 403
+
+    # the owner lists the function and restarts the agent: it connects with its kept credential
+    # (no registration) and reports the new list before taking tasks; the service follows it
+    assert (local_home_of(locked_agent) / "credential").exists()
+    locked_agent["stop"]()
+    cfg = yaml.safe_load(locked_agent["config"].read_text())
+    cfg["allowed_functions"].append(fid_no)
+    locked_agent["config"].write_text(yaml.safe_dump(cfg))
+    locked_agent["start"]()
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            tid = client.run(fid_no, 5, endpoint_id=ep)
+            break
+        except SkyfnAPIError as exc:  # 403 until the restarted agent has reported
+            assert exc.status == 403 and time.monotonic() < deadline, exc
+            time.sleep(0.2)
+    assert client.get_result(tid, timeout=60) == 5
+    log = locked_agent["log"].read_text()
+    assert "connected as endpoint" in log  # the second start used the kept credential, no registration
+    assert "registering endpoint" not in log.split("connected as endpoint")[-1]
+
+
+def local_home_of(state) -> pathlib.Path:
+    return state["config"].parent
