@@ -2,7 +2,8 @@
 
 The e2e endpoint's config has `data: {default: redis, redis: {start: true}}`: its agent
 starts a redis-server with a generated password and publishes the store to its workers.
-Shown here with real processes: a 100 MB array passed A -> B by ref gives equal values;
+Shown here with real processes: a 100 MB array passed A -> B by ref gives equal values (the
+endpoint's Redis, and a user's own S3 bucket on the runtime's moto and shared directory);
 the Executor turns a large argument into a ref by itself and evicts it when the task is
 done; another user's task holding a ref is refused with a clear error; an evicted ref fails
 its task naming the ref, its store and the reason; after 1,000 tasks with refs the Redis
@@ -68,6 +69,25 @@ def counter(name):
     value = r.incr(f"user:{name}")
     r.expire(f"user:{name}", 60)
     return value
+
+
+def produce_into(kind, where, secret, n, seed):
+    """Task A with a store of the user's own (s3 bucket / shared directory), its secret passed along."""
+    import numpy as np
+
+    from skyfn.data import FileConnector, S3Connector, Store
+
+    connector = S3Connector(where["bucket"], endpoint_url=where["url"]) if kind == "s3" else FileConnector(where)
+    store = Store(f"mine-{kind}", connector, secret=secret)
+    return store.ref(np.random.default_rng(seed).random(n), ttl=600)
+
+
+def consume_from(kind, where, secret, arr):
+    from skyfn.data import FileConnector, S3Connector, Store
+
+    connector = S3Connector(where["bucket"], endpoint_url=where["url"]) if kind == "s3" else FileConnector(where)
+    Store(f"mine-{kind}", connector, secret=secret)  # registered in this worker: the ref names it
+    return consume(arr)
 
 
 def _stores(home) -> dict:
@@ -183,3 +203,26 @@ def test_a_thousand_tasks_with_refs_leave_no_keys_behind(local_home, client):
 def test_get_redis_client_inside_a_task(local_home, client):
     with Executor(endpoint="local", client=client) as ex:
         assert [ex.submit(counter, "c").result(timeout=60) for _ in range(3)] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("kind", ["s3", "file"])
+def test_pipeline_a_to_b_through_a_users_own_s3_or_file_store(local_home, client, kind, tmp_path):
+    import secrets
+
+    import boto3
+
+    from infra.local.state import StateDir
+
+    secret = secrets.token_hex(32)
+    if kind == "s3":
+        url = StateDir.at(local_home).read_runtime()["aws_endpoint"]
+        bucket = f"e2e-data-{secrets.token_hex(4)}"
+        boto3.client("s3", endpoint_url=url).create_bucket(Bucket=bucket)
+        where = {"bucket": bucket, "url": url}
+    else:
+        where = str(tmp_path / "shared")
+    expected = _digest(np.random.default_rng(11).random(N))
+    with Executor(endpoint="local", client=client) as ex:
+        ref = ex.submit(produce_into, kind, where, secret, N, 11).result(timeout=300)
+        assert is_ref(ref) and ref_info(ref).store == f"mine-{kind}" and ref_info(ref).size > 100 * 2**20
+        assert ex.submit(consume_from, kind, where, secret, ref).result(timeout=300) == expected
