@@ -172,9 +172,9 @@ class Executor(_BaseExecutor):
         self._selecting = False
         self._wake_r, self._wake_w = (-1, -1)
         self._pushed = None
-        if push:
-            import os
+        import os
 
+        if push and os.environ.get("SKYFN_EXECUTOR_PUSH", "1") != "0":  # SKYFN_EXECUTOR_PUSH=0: long-poll only
             from skyfn.executor_push import PushedResults
             from skyfn.push import ws_url
 

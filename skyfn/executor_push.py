@@ -12,8 +12,8 @@ Executor's wake-up pipe with one ``select`` instead of long-polling:
 - after (re)connecting, one status read of every outstanding task covers what finished
   before the subscription;
 - with tasks outstanding and nothing pushed for a while (1 s, doubling to 30 s while
-  nothing is found), one non-blocking status call checks, so a lost last push costs time,
-  never a result.
+  nothing is found), one non-blocking status call checks (from the cursor, then, from the
+  third quiet check on, every outstanding id), so a lost last push costs time, never a result.
 
 A dropped connection falls back to the Executor's batched long-poll at once and is
 re-established in the background of the same loop (backoff up to 5 s). Futures are popped
@@ -39,6 +39,7 @@ log = logging.getLogger("skyfn.executor")
 
 QUIET_FIRST_S = 1.0
 QUIET_MAX_S = 30.0
+FULL_CHECK_AFTER_S = 4.0
 RECONNECT_MAX_S = 5.0
 
 
@@ -155,12 +156,13 @@ class PushedResults:
                 return
             if msgs:
                 self._apply(msgs)
-            return
-        if not ready:
-            if outstanding:
-                self.quiet_check()
-            elif self.idle_since is not None and time.monotonic() - self.idle_since >= ex._idle_exit:
-                self.close()  # idle: the Executor's thread may end
+        if outstanding:
+            with ex._cv:
+                waiting = bool(ex._outstanding)
+            if waiting and time.monotonic() >= self.last_heard + self.quiet:
+                self.quiet_check()  # also while others' pushes keep the socket busy
+        elif not ready and self.idle_since is not None and time.monotonic() - self.idle_since >= ex._idle_exit:
+            self.close()  # idle: the Executor's thread may end
 
     def drain(self) -> None:
         """Apply what was pushed meanwhile, without waiting (between submissions of a large
@@ -176,7 +178,9 @@ class PushedResults:
 
     def quiet_check(self) -> None:
         self.stats["quiet_checks"] += 1
-        found = self.resync(full=False)
+        # from the cursor first; once that keeps finding nothing, every outstanding id (a
+        # task whose completion the cursor already passed is found this way, whatever the cause)
+        found = self.resync(full=self.quiet >= FULL_CHECK_AFTER_S)
         self.last_heard = time.monotonic()
         self.quiet = QUIET_FIRST_S if found else min(QUIET_MAX_S, self.quiet * 2)
 
@@ -184,8 +188,6 @@ class PushedResults:
         from skyfn.push import follow
 
         ex = self.ex
-        self.last_heard = time.monotonic()
-        self.quiet = QUIET_FIRST_S
         done, fetch, gap = [], [], False
         with ex._cv:
             pop = ex._outstanding.pop
@@ -204,6 +206,9 @@ class PushedResults:
                 ex._cursor = cursor
                 gap = gap or missed
         self.stats["pushed_results"] += len(done)
+        if done or fetch:  # progress on our own tasks (others' pushes must not hold off the checks)
+            self.last_heard = time.monotonic()
+            self.quiet = QUIET_FIRST_S
         ex._resolve(done, [])
         if fetch:
             self.stats["fetched"] += len(fetch)

@@ -70,17 +70,21 @@ class Connection:
     # -- sending (any thread) ----------------------------------------------------------
     def send(self, text: bytes | str) -> bool:
         with self.lock:
-            if self.closed:
-                return False
-            try:
-                self.proto.send_text(text.encode() if isinstance(text, str) else text)
-                self._flush()
-                self.sent += 1
-                return True
-            except Exception as exc:
-                log.info("dropping WebSocket connection %d of %s: %s", self.id, self.owner, exc)
-                self._abort()
-                return False
+            return self.send_locked(text)
+
+    def send_locked(self, text: bytes | str) -> bool:
+        """send() for a caller that holds the connection's lock."""
+        if self.closed:
+            return False
+        try:
+            self.proto.send_text(text.encode() if isinstance(text, str) else text)
+            self._flush()
+            self.sent += 1
+            return True
+        except Exception as exc:
+            log.info("dropping WebSocket connection %d of %s: %s", self.id, self.owner, exc)
+            self._abort()
+            return False
 
     def _flush(self) -> None:
         for chunk in self.proto.data_to_send():
@@ -226,7 +230,7 @@ class PushHub:
             conn.subscribed = True
             last = self._redis.xrevrange(f"done:{conn.owner}", count=1)
             cursor = last[0][0].decode() if last else "0-0"
-        conn.send(json.dumps({"type": "subscribed", "cursor": cursor}))
+            conn.send_locked(json.dumps({"type": "subscribed", "cursor": cursor}))  # before any push
 
     def leave(self, conn: Connection) -> None:
         with self._lock:
