@@ -123,7 +123,7 @@ def bench_skyfn(tasks: int, rtt_n: int, big: int = 0) -> dict:
                 t = time.perf_counter()
                 assert client.get_result(client.run(fid, i, endpoint_id=endpoint_id), timeout=30) == i
                 poll_rtts.append((time.perf_counter() - t) * 1000)
-        with Executor(endpoint="local") as ex:  # the results push
+        with Executor(endpoint="local", push=True) as ex:  # the results push
             for i in range(20):
                 ex.submit(noop, i).result(timeout=30)
             rtts = []
@@ -148,7 +148,7 @@ def bench_skyfn(tasks: int, rtt_n: int, big: int = 0) -> dict:
         if big:
             st = runtime.status(home)
             pids = {name: st["processes"][name]["pid"] for name in ("service", "agent", "redis")}
-            with Executor(endpoint="local") as ex, PeakRss(pids) as rss:
+            with Executor(endpoint="local", push=True) as ex, PeakRss(pids) as rss:
                 batch_run(ex, 1000)
                 elapsed = batch_run(ex, big)
                 big_push = ex.push_stats

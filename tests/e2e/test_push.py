@@ -45,7 +45,7 @@ def test_push_survives_five_connection_kills(client, endpoint_id):
                 resolved[0] += 1
         return cb
 
-    with Executor(endpoint_id=endpoint_id, client=client) as ex:
+    with Executor(endpoint_id=endpoint_id, client=client, push=True) as ex:
         ex.submit(square_slowly, -1).result(timeout=60)  # connected and warm
         assert ex.push_stats["connected"]
 

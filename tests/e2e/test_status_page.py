@@ -83,7 +83,7 @@ def test_page_follows_a_batch_live(browser, client, endpoint_id):
     browser.save_screenshot(str(ARTIFACTS / "1-signed-in.png"))
     marker = browser.execute_script("window.__skyfnMarker = Math.random(); return window.__skyfnMarker")
 
-    with Executor(endpoint_id=endpoint_id, client=client) as ex:
+    with Executor(endpoint_id=endpoint_id, client=client, push=True) as ex:
         futures = [ex.submit(nap, i) for i in range(12)]
         ids = [None] * len(futures)
         deadline = time.monotonic() + 30
