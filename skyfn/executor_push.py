@@ -128,7 +128,9 @@ class PushedResults:
         ex = self.ex
         now = time.monotonic()
         with ex._cv:
-            if ex._queue or ex._to_cancel or ex._shutdown:
+            # submissions and cancels first; after shutdown() it goes on waiting for what is
+            # outstanding (returning on _shutdown here made the thread spin without reading)
+            if ex._queue or ex._to_cancel:
                 return
             outstanding = bool(ex._outstanding)
             ex._selecting = True
