@@ -12,8 +12,8 @@ Threading model
        oldest was queued; ``map`` flushes at once), each request with its own idempotency
        key so a retried request creates nothing twice;
     2. sends DELETE /tasks/{id} for futures cancelled by the user;
-    3. gets results: pushed over the service's WebSocket API when it has one (``push=True``
-       or SKYFN_EXECUTOR_PUSH=1; skyfn/executor_push.py: the thread waits on the socket and a wake-up
+    3. gets results: pushed over the service's WebSocket API when it has one (``push``, on
+       unless SKYFN_EXECUTOR_PUSH=0; skyfn/executor_push.py: the thread waits on the socket and a wake-up
        pipe with one ``select``), else, and whenever the connection is down, by
        long-polling POST /tasks/status for all outstanding task ids with ``wait`` (the
        service answers as soon as any is final); futures resolve as results arrive.
@@ -174,8 +174,8 @@ class Executor(_BaseExecutor):
         self._pushed = None
         import os
 
-        if push is None:  # opt-in for now: SKYFN_EXECUTOR_PUSH=1 (docs/benchmarks.md says why)
-            push = os.environ.get("SKYFN_EXECUTOR_PUSH", "0") == "1"
+        if push is None:  # the default: on; SKYFN_EXECUTOR_PUSH=0 long-polls only
+            push = os.environ.get("SKYFN_EXECUTOR_PUSH", "1") != "0"
         if push:
             from skyfn.executor_push import PushedResults
             from skyfn.push import ws_url

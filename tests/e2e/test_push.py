@@ -172,3 +172,15 @@ def test_push_message_chain(client, endpoint_id):
     assert keys == sorted(keys) and len(set(keys)) == len(keys)
     assert all(cursor_key(p) < cursor_key(c) for p, c in chain)
     assert json.dumps(chain)  # plain strings
+
+
+def test_shutdown_waits_for_pushed_results(client, endpoint_id):
+    """shutdown(wait=True) right after submitting: the thread keeps reading pushes until
+    every future is done (it once spun without reading)."""
+    from skyfn import Executor
+
+    ex = Executor(endpoint_id=endpoint_id, client=client, push=True)
+    futures = [ex.submit(square_slowly, i) for i in range(50)]
+    ex.shutdown(wait=True)
+    assert all(f.done() for f in futures)
+    assert [f.result(timeout=0) for f in futures] == [i * i for i in range(50)]
