@@ -147,7 +147,10 @@ def stop(name: str, timeout: Optional[float] = typer.Option(None, help="seconds 
     paths = _paths(name)
     pid = running_pid(paths.pid)
     if pid is None:
-        typer.echo(f"endpoint {name} is not running")
+        from endpoint_agent.data_plane import end_leftover_redis
+
+        left = end_leftover_redis(paths.dir)  # an agent killed hard leaves its data Redis up
+        typer.echo(f"endpoint {name} is not running" + (f" (ended its data redis-server, pid {left})" if left else ""))
         return
     if timeout is None:
         try:

@@ -16,10 +16,12 @@ endpoints never name each other's store.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -57,6 +59,53 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def _is_redis(pid: Optional[int]) -> bool:
+    """pid runs a redis-server (not a reused pid of something else)."""
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{int(pid)}/cmdline", "rb") as f:
+            return b"redis-server" in f.read()
+    except OSError:
+        return False
+
+
+def _end(pid: int, timeout: float = 10.0) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while _is_redis(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _is_redis(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+def end_leftover_redis(endpoint_dir: Path) -> Optional[int]:
+    """End the data redis-server an agent of this endpoint started and left running (it was
+    killed hard, and no agent came back to keep it); returns its pid, or None."""
+    path = Path(endpoint_dir) / "data" / "redis.json"
+    try:
+        pid = json.loads(path.read_text()).get("pid")
+    except (FileNotFoundError, ValueError):
+        return None
+    path.unlink(missing_ok=True)
+    if not _is_redis(pid):
+        return None
+    _end(pid)
+    return pid
+
+
 class EndpointData:
     """The running data plane of one endpoint (see the module docstring)."""
 
@@ -65,6 +114,7 @@ class EndpointData:
         self.dir = Path(endpoint_dir) / "data"
         self.endpoint_id = endpoint_id
         self.redis_proc: Optional[subprocess.Popen] = None
+        self.adopted_pid: Optional[int] = None  # a redis-server a previous agent of this endpoint started
         self.redis_port: Optional[int] = None
         self.stores_file = self.dir / "stores.json"
         self.objects = None   # the direct path's object server (endpoint_agent.object_server.ServerProcess)
@@ -128,9 +178,29 @@ class EndpointData:
             connector.close()
 
     def _start_redis(self, binary: str, rcfg, password_file: str) -> None:
-        port = rcfg.port or _free_port(rcfg.host)
+        """Start the endpoint's redis-server -- or keep the one a previous agent of this endpoint
+        started, when it still runs (an agent killed hard leaves it up): refs made before the
+        restart then still resolve, and no second server is started beside it."""
+        import redis
+
         with open(password_file) as f:
             password = f.read().strip()
+        record = self._redis_record()
+        if record and record.get("host") == rcfg.host and _is_redis(record.get("pid")):
+            client = redis.Redis(host=rcfg.host, port=record["port"], password=password, socket_timeout=2)
+            try:
+                client.ping()
+                self.redis_port, self.adopted_pid = record["port"], record["pid"]
+                log.info("kept the endpoint's redis-server of the previous run on %s:%d (pid %d): refs made before "
+                         "the restart still resolve", rcfg.host, record["port"], record["pid"])
+                return
+            except redis.RedisError:
+                pass
+            finally:
+                client.close()
+        port = rcfg.port or (record or {}).get("port") or 0
+        if not port or not _port_free(rcfg.host, port):
+            port = rcfg.port or _free_port(rcfg.host)
         conf = self.dir / "redis.conf"
         lines = [f"port {port}", f"bind {rcfg.host}", f"requirepass {password}", 'save ""', "appendonly no",
                  f"dir {self.dir}", "protected-mode yes", f"logfile {self.dir / 'redis.log'}",
@@ -143,8 +213,6 @@ class EndpointData:
         self.redis_proc = subprocess.Popen([binary, str(conf)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                            stderr=subprocess.DEVNULL, start_new_session=True)
         self.redis_port = port
-        import redis
-
         client = redis.Redis(host=rcfg.host, port=port, password=password, socket_timeout=2)
         deadline = time.monotonic() + REDIS_START_TIMEOUT_S
         while True:
@@ -158,14 +226,23 @@ class EndpointData:
                                        f"(see {self.dir / 'redis.log'})") from None
                 time.sleep(0.05)
         client.close()
+        (self.dir / "redis.json").write_text(json.dumps({"pid": self.redis_proc.pid, "port": port,
+                                                         "host": rcfg.host}))
         log.info("started redis-server for the endpoint's data on %s:%d (pid %d)", rcfg.host, port,
                  self.redis_proc.pid)
+
+    def _redis_record(self) -> Optional[dict]:
+        try:
+            return json.loads((self.dir / "redis.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
 
     def stop(self) -> None:
         objects, self.objects = self.objects, None
         if objects is not None:
             objects.stop()
         proc, self.redis_proc = self.redis_proc, None
+        adopted, self.adopted_pid = self.adopted_pid, None
         if proc is not None and proc.poll() is None:
             proc.terminate()
             try:
@@ -173,3 +250,9 @@ class EndpointData:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+        elif adopted is not None and _is_redis(adopted):  # started by this endpoint's previous agent
+            _end(adopted)
+        try:
+            (self.dir / "redis.json").unlink()
+        except FileNotFoundError:
+            pass

@@ -51,6 +51,9 @@ def stop(name: str, home: Path, timeout: float = 15.0) -> bool:
     Returns True if an agent was running."""
     proc = recorded_process(pidfile(home, name))
     if proc is None:
+        from endpoint_agent.data_plane import end_leftover_redis
+
+        end_leftover_redis(Path(home) / "endpoints" / name)  # left up by an agent killed hard
         return False
     try:
         run(["stop", name], home, timeout=timeout + 15)

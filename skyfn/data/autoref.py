@@ -55,7 +55,9 @@ def local_endpoint_store(name: str):
     except ImportError:  # its connector's client library (redis, ...) is not installed with the SDK alone
         return None      # (pip install skyfn): arguments then travel inline
     for store in stores:
-        if get_store(store.name) is None:
+        known = get_store(store.name)
+        # a restarted agent may have moved its Redis: the file is the truth
+        if known is None or known.connector.config() != store.connector.config() or known.secret != store.secret:
             register_store(store)
     default = doc.get("default")
     return get_store(default) if default else None

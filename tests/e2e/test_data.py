@@ -226,3 +226,32 @@ def test_pipeline_a_to_b_through_a_users_own_s3_or_file_store(local_home, client
         ref = ex.submit(produce_into, kind, where, secret, N, 11).result(timeout=300)
         assert is_ref(ref) and ref_info(ref).store == f"mine-{kind}" and ref_info(ref).size > 100 * 2**20
         assert ex.submit(consume_from, kind, where, secret, ref).result(timeout=300) == expected
+
+
+def test_refs_survive_an_agent_killed_hard_and_its_redis_is_kept(local_home, client):
+    """An agent killed with SIGKILL leaves its data Redis up; the next agent keeps that
+    server (same pid, same port) instead of starting an empty second one."""
+    import os
+    import signal
+
+    import psutil
+
+    from infra.local import agent
+
+    record = local_home / "endpoints" / "local" / "data" / "redis.json"
+    before = json.loads(record.read_text())
+    with Executor(endpoint="local", client=client) as ex:
+        ref = ex.submit(produce, 1000, 5).result(timeout=120)
+    pid = int(agent.pidfile(local_home, "local").read_text().split()[0])
+    os.kill(pid, signal.SIGKILL)
+    psutil.wait_procs([psutil.Process(pid)], timeout=15)
+    agent.start("local", local_home)
+    after = json.loads(record.read_text())
+    assert (after["pid"], after["port"]) == (before["pid"], before["port"])
+    # redis-server shows itself as "redis-server HOST:PORT": one server on the recorded port
+    servers = [p for p in psutil.process_iter(["cmdline"])
+               if p.info["cmdline"] and " ".join(p.info["cmdline"]).split()[-2:]
+               in (["/usr/bin/redis-server", f"127.0.0.1:{after['port']}"], ["redis-server", f"127.0.0.1:{after['port']}"])]
+    assert [p.pid for p in servers] == [after["pid"]]
+    with Executor(endpoint="local", client=client) as ex:
+        assert ex.submit(consume, ref).result(timeout=120)[2] == 1000
