@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -107,13 +106,13 @@ def measure(name: str, requirements: list[str], pip_args: list[str], runs: int, 
 
 
 def constraints(dest: Path) -> Path:
-    lines = []
-    for line in (REPO / "requirements.txt").read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line and not line.startswith("-"):
-            lines.append(re.sub(r"\[[^\]]*\]", "", line))
-    dest.write_text("\n".join(lines) + "\n")
-    return dest
+    """requirements.txt's pins as a constraints file: the install check's own (scripts/ is no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_install", REPO / "scripts" / "check_install.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.constraints(dest)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -120,7 +120,26 @@ def _connect(address: Address, timeout: Optional[float], bind) -> socket.socket:
     return sock
 
 
-class Session:
+class _Control:
+    """A control connection to the rendezvous server: says BYE and closes, also as a context."""
+
+    sock: socket.socket
+
+    def close(self) -> None:
+        try:
+            self.sock.sendall(b"BYE\n")
+        except OSError:
+            pass
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Session(_Control):
     """A joined control connection: rank, size, and (after wait_peers) the peer table."""
 
     def __init__(self, sock: socket.socket, reader: _LineSocket, rank: int, size: int):
@@ -159,18 +178,6 @@ class Session:
         """Report how the channel to `peer_rank` ended up (direct or relay)."""
         self.sock.sendall(f"RESULT {peer_rank} {mode}\n".encode())
 
-    def close(self) -> None:
-        try:
-            self.sock.sendall(b"BYE\n")
-        except OSError:
-            pass
-        self.sock.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def connect(address: Address, group: str, token: str, size: int, rank: Optional[int] = None,
@@ -234,7 +241,7 @@ def relay(address: Address, group: str, token: str, my_rank: int, peer_rank: int
 
 # ---- LISTEN / CALL ---------------------------------------------------------------------------
 
-class Listener:
+class Listener(_Control):
     """A LISTEN connection: holds `name` at the server and receives one INCOMING per call.
 
     One thread uses it: `next_call` waits for the next call and sends a PING whenever
@@ -276,18 +283,6 @@ class Listener:
             group, token = _expect(line, "INCOMING")
             return group, token
 
-    def close(self) -> None:
-        try:
-            self.sock.sendall(b"BYE\n")
-        except OSError:
-            pass
-        self.sock.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def listen(address: Address, name: str, token: str, timeout: Optional[float] = 30.0,
