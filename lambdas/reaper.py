@@ -1,6 +1,7 @@
 """The reaper Lambda (scheduled): endpoints without heartbeats go offline, expired
 leases go back to QUEUED (or FAILED past their retry budget), tasks dead-lettered by a
-queue are failed with the reason, and results past their TTL leave the hot store."""
+queue are failed with the reason, and results past their TTL leave the hot store. The
+tasks it fails are pushed to their owners' connections like results (lambdas/core/push.py)."""
 from __future__ import annotations
 
 import orjson
@@ -8,7 +9,7 @@ from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from lambdas.config import settings
-from lambdas.core import deps, registry
+from lambdas.core import deps, push, registry
 
 logger = Logger(service="skyfn-reaper")
 
@@ -26,7 +27,8 @@ def fail_dead_letters(endpoint_id: str, limit: int = 100) -> int:
             continue
         reason = (f"dead-lettered after {msg.delivery_count} deliveries to endpoint {endpoint_id} "
                   f"(max_deliveries={settings().max_deliveries}): its agent kept failing before returning a result")
-        stored, _, _ = deps.store().finish([[tid, "FAILED", None, None, reason, ""] for tid in ids])
+        stored, _, _, notices = deps.store().finish([[tid, "FAILED", None, None, reason, ""] for tid in ids])
+        push.notify(notices)
         failed += stored
     return failed
 
@@ -34,7 +36,8 @@ def fail_dead_letters(endpoint_id: str, limit: int = 100) -> int:
 def reap() -> dict[str, int]:
     store = deps.store()
     offline = registry.mark_silent_endpoints_offline()
-    requeued, failed = store.expire_leases()
+    requeued, failed, notices = store.expire_leases()
+    push.notify(notices)
     dead = 0
     for key in deps.redis_client().scan_iter(match="ep:*", count=1000):
         dead += fail_dead_letters(key.decode()[3:])

@@ -10,7 +10,9 @@ batch at once, so a batch of 10,000 tasks costs a handful of round trips. Key la
                    rt retrieved at, h 1 once written to the durable history
   leases           zset task -> lease deadline (DISPATCHED/RUNNING tasks)
   purge            zset task -> time its record may be dropped from Redis
-  done:<owner>     stream of completed task ids, read by long-polling status calls
+  done:<owner>     stream of completed task ids, read by long-polling status calls; every
+                   script that writes final states adds one entry per owner and returns it
+                   (prev, id, ids) as a Notice, which the results push announces
   outbox           list of history records to write to DynamoDB off the hot path
   idem:<owner>:<k> cached answer of a submission with an idempotency key
   load:<endpoint>  hash: function tag ('_' untagged) -> tasks queued to or running on the
@@ -25,7 +27,7 @@ batch at once, so a batch of 10,000 tasks costs a handful of round trips. Key la
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import orjson
@@ -145,9 +147,10 @@ for i, t in ipairs(rows) do
   end
 end
 if #ids > 0 then
-  local id = redis.call('XADD', 'done:' .. owner, 'MAXLEN', '~', 10000, '*', 'ids', table.concat(ids, ','))
+  local csv = table.concat(ids, ',')
+  local id = redis.call('XADD', 'done:' .. owner, 'MAXLEN', '~', 10000, '*', 'ids', csv)
   redis.call('EXPIRE', 'done:' .. owner, 86400)
-  return {#ids, _prev(owner, id), id}
+  return {#ids, _prev(owner, id), id, csv}
 end
 return {0}
 """
@@ -178,11 +181,14 @@ end
 return applied
 """
 
-# Expired leases: back to QUEUED with one more retry, or FAILED past the retry budget.
-_EXPIRE = _UNLOAD + """
+# Expired leases: back to QUEUED with one more retry, or FAILED past the retry budget. The
+# failed ones are announced like _FINISH's: one completion-stream entry per owner, returned
+# with the reasons (for the results push).
+_EXPIRE = _UNLOAD + _PREV + """
 local now = ARGV[1]
 local ids = redis.call('ZRANGEBYSCORE', 'leases', '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
 local requeued, failed = 0, 0
+local done, why, owners = {}, {}, {}
 for i, id in ipairs(ids) do
   redis.call('ZREM', 'leases', id)
   local key = 't:' .. id
@@ -191,14 +197,17 @@ for i, id in ipairs(ids) do
     local r = redis.call('HINCRBY', key, 'r', 1)
     local mr = tonumber(redis.call('HGET', key, 'mr') or '0')
     if r > mr then
-      redis.call('HSET', key, 's', 'FAILED', 'why', 'lease expired ' .. r .. ' times (the endpoint agent running it was lost); retry budget max_retries=' .. mr .. ' exhausted',
+      local reason = 'lease expired ' .. r .. ' times (the endpoint agent running it was lost); retry budget max_retries=' .. mr .. ' exhausted'
+      redis.call('HSET', key, 's', 'FAILED', 'why', reason,
                  'ev', (redis.call('HGET', key, 'ev') or '') .. 'FAILED@' .. now .. ';')
       redis.call('HDEL', key, 'p')
       unload(key)
       redis.call('ZADD', 'purge', tonumber(now) + tonumber(ARGV[3]), id)
       redis.call('RPUSH', 'outbox', id)
       local owner = redis.call('HGET', key, 'o')
-      redis.call('XADD', 'done:' .. owner, 'MAXLEN', '~', 10000, '*', 'ids', id)
+      if not done[owner] then done[owner], why[owner] = {}, {}; table.insert(owners, owner) end
+      table.insert(done[owner], id)
+      table.insert(why[owner], reason)
       failed = failed + 1
     else
       redis.call('HSET', key, 's', 'QUEUED', 'ev', (redis.call('HGET', key, 'ev') or '') .. 'QUEUED@' .. now .. ';')
@@ -206,25 +215,34 @@ for i, id in ipairs(ids) do
     end
   end
 end
-return {requeued, failed}
+local notices = {}
+for _, owner in ipairs(owners) do
+  local csv = table.concat(done[owner], ',')
+  local id = redis.call('XADD', 'done:' .. owner, 'MAXLEN', '~', 10000, '*', 'ids', csv)
+  redis.call('EXPIRE', 'done:' .. owner, 86400)
+  table.insert(notices, {owner, _prev(owner, id), id, csv, why[owner]})
+end
+return {requeued, failed, notices}
 """
 
-_CANCEL = _UNLOAD + """
+# A cancel newly written returns its completion-stream entry (prev, id); a retried one none.
+_CANCEL = _UNLOAD + _PREV + """
 local key = 't:' .. ARGV[1]
 local s = redis.call('HGET', key, 's')
 if not s then return false end
 if redis.call('HGET', key, 'o') ~= ARGV[2] then return false end
 if s == 'CANCELLED' then return {'OK', redis.call('HGET', key, 'e')} end
 if s == 'SUCCEEDED' or s == 'FAILED' or s == 'TIMED_OUT' then return {s, false} end
-redis.call('HSET', key, 's', 'CANCELLED', 'why', 'cancelled by its owner',
+redis.call('HSET', key, 's', 'CANCELLED', 'why', ARGV[5],
            'ev', (redis.call('HGET', key, 'ev') or '') .. 'CANCELLED@' .. ARGV[3] .. ';')
 redis.call('HDEL', key, 'p')
 unload(key)
 redis.call('ZREM', 'leases', ARGV[1])
 redis.call('ZADD', 'purge', tonumber(ARGV[3]) + tonumber(ARGV[4]), ARGV[1])
 redis.call('RPUSH', 'outbox', ARGV[1])
-redis.call('XADD', 'done:' .. ARGV[2], 'MAXLEN', '~', 10000, '*', 'ids', ARGV[1])
-return {'OK', redis.call('HGET', key, 'e')}
+local id = redis.call('XADD', 'done:' .. ARGV[2], 'MAXLEN', '~', 10000, '*', 'ids', ARGV[1])
+redis.call('EXPIRE', 'done:' .. ARGV[2], 86400)
+return {'OK', redis.call('HGET', key, 'e'), _prev(ARGV[2], id), id}
 """
 
 # Status read: owner-checked; final tasks are marked retrieved and scheduled for purge.
@@ -265,17 +283,25 @@ class TaskRow:
     stderr: str | None = None
 
 
+Status = tuple[str, Any, Any, Any]  # state, result, error, reason
+
+
 @dataclass
 class Notice:
     """One entry of an owner's completion stream (done:<owner>): what the results push
-    announces: the task ids that became final together."""
+    announces: the task ids that became final together. Every store method that writes a
+    final state returns the notices of what it wrote; `statuses` (task id -> Status) are
+    what the push may carry inline, filled in by all but the results function's hot path
+    (finish_notify: its caller has them)."""
     owner: str
     prev: str
     cursor: str
     ids: list[str]
+    statuses: dict[str, Status] = field(default_factory=dict)
 
 
 FINAL = frozenset({"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED"})
+CANCEL_REASON = "cancelled by its owner"
 RECENT_MAX = 100_000  # tasks per owner in recent:<owner>
 
 
@@ -337,13 +363,15 @@ class TaskStore:
                                    submission_id, self.unretrieved_ttl])
         if int(out[0]) == 0:
             return 0, []
-        return int(out[0]), [Notice(owner, _s(out[1]), _s(out[2]), [r[0] for r in rows])]
+        ids = _s(out[3]).split(",")  # those created: ids that existed (a retried submission) are not in it
+        created = set(ids)
+        return len(ids), [Notice(owner, _s(out[1]), _s(out[2]), ids,
+                                 {r[0]: ("SUCCEEDED", r[3], None, None) for r in rows if r[0] in created})]
 
-    def fail_unqueued(self, task_ids: list[str], reason: str) -> None:
-        """Tasks stored but never enqueued (the queue refused them) are failed, not left hanging."""
-        now = time.time()
-        rows = [[tid, "FAILED", None, None, reason, ""] for tid in task_ids]
-        self._finish(args=[orjson.dumps(rows), f"{now:.6f}", self.unretrieved_ttl])
+    def fail_unqueued(self, task_ids: list[str], reason: str) -> list[Notice]:
+        """Tasks stored but never enqueued (the queue refused them) are failed, not left
+        hanging. Returns the notices of those it failed (for push.notify)."""
+        return self.finish([[tid, "FAILED", None, None, reason, ""] for tid in task_ids])[3]
 
     def idempotent_get(self, owner: str, key: str) -> bytes | None:
         return self.r.get(f"idem:{owner}:{key}")
@@ -358,17 +386,21 @@ class TaskStore:
         self.r.delete(f"idem:{owner}:{key}")
 
     # --- results and progress from agents ---------------------------------------
-    def finish(self, rows: list[list[Any]], endpoint_id: str = "") -> tuple[int, int, int]:
+    def finish(self, rows: list[list[Any]], endpoint_id: str = "") -> tuple[int, int, int, list[Notice]]:
         """rows: [task_id, state, result, error, reason, agent events 'S@ts;...'
         (, stdout, stderr)]. With `endpoint_id` (results from an agent), only tasks routed
-        to that endpoint are finished; others count as unknown.
-        Returns (stored, duplicates ignored, unknown ids)."""
-        stored, dup, unknown, _ = self.finish_notify(rows, endpoint_id)
-        return stored, dup, unknown
+        to that endpoint are finished; others count as unknown. Returns (stored, duplicates
+        ignored, unknown ids, notices): one notice per owner, with the statuses stored."""
+        stored, dup, unknown, notices = self.finish_notify(rows, endpoint_id)
+        if notices:
+            by_id = {r[0]: r for r in rows}
+            for n in notices:
+                n.statuses = {tid: (by_id[tid][1], by_id[tid][2], by_id[tid][3], by_id[tid][4]) for tid in n.ids}
+        return stored, dup, unknown, notices
 
     def finish_notify(self, rows: list[list[Any]], endpoint_id: str = "") -> tuple[int, int, int, list[Notice]]:
-        """finish, and the completion-stream entries it added, one per owner (for the
-        results push): their ids are the rows' task ids that were stored."""
+        """finish for the results function's hot path: the notices come without statuses
+        (the caller passes its rows' to push.notify)."""
         stored, dup, unknown, raw = self._finish(args=[orjson.dumps(rows), f"{time.time():.6f}", self.unretrieved_ttl,
                                                        endpoint_id, int(self.memo_ttl)])
         notices = [Notice(_s(owner), _s(prev), _s(entry), _s(csv).split(","))
@@ -391,15 +423,28 @@ class TaskStore:
         only tasks routed to that endpoint move."""
         return int(self._progress(args=[orjson.dumps(rows), f"{time.time():.6f}", endpoint_id]))
 
-    def expire_leases(self, limit: int = 5000) -> tuple[int, int]:
-        requeued, failed = self._expire(args=[f"{time.time():.6f}", limit, self.unretrieved_ttl])
-        return int(requeued), int(failed)
+    def expire_leases(self, limit: int = 5000) -> tuple[int, int, list[Notice]]:
+        """Expired leases: (requeued, failed past their retry budget, notices of the failed)."""
+        requeued, failed, raw = self._expire(args=[f"{time.time():.6f}", limit, self.unretrieved_ttl])
+        notices = []
+        for owner, prev, entry, csv, reasons in raw or ():
+            ids = _s(csv).split(",")
+            notices.append(Notice(_s(owner), _s(prev), _s(entry), ids,
+                                  {tid: ("FAILED", None, None, _s(why)) for tid, why in zip(ids, reasons)}))
+        return int(requeued), int(failed), notices
 
-    def cancel(self, owner: str, task_id: str) -> tuple[str, str | None] | None:
-        """('OK', endpoint) when cancelled (now or before: a retried cancel succeeds
-        again), (final state, None) when it finished otherwise, None when unknown."""
-        out = self._cancel(args=[task_id, owner, f"{time.time():.6f}", self.result_ttl])
-        return (_s(out[0]), _s(out[1])) if out else None
+    def cancel(self, owner: str, task_id: str) -> tuple[str, str | None, list[Notice]] | None:
+        """('OK', endpoint, notices) when cancelled (the notice only when cancelled now: a
+        retried cancel succeeds again, unannounced), (final state, None, []) when it finished
+        otherwise, None when unknown."""
+        out = self._cancel(args=[task_id, owner, f"{time.time():.6f}", self.result_ttl, CANCEL_REASON])
+        if not out:
+            return None
+        notices = []
+        if len(out) > 2:
+            notices.append(Notice(owner, _s(out[2]), _s(out[3]), [task_id],
+                                  {task_id: ("CANCELLED", None, None, CANCEL_REASON)}))
+        return _s(out[0]), _s(out[1]), notices
 
     # --- reads ---------------------------------------------------------------------
     def status(self, owner: str, task_ids: list[str], with_events: bool = False,

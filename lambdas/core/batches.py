@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from lambdas.adapters import aws
-from lambdas.core import allowlist, deps, idempotency, registry, runs, steps, tasks
+from lambdas.core import allowlist, deps, idempotency, push, registry, runs, steps, tasks
 from lambdas.core.errors import Conflict, NotFound
 from lambdas.core.ids import new_id, new_ids
 from lambdas.workflows.config import workflow_settings
@@ -186,7 +186,7 @@ def chunk_failed(event: dict[str, Any]) -> dict[str, Any]:
     if missing:
         now = time.time()
         store.create(owner, f"batch-{batch_id}", missing, now, now)
-        store.fail_unqueued([m[0] for m in missing], f"not routed: {name}: {cause}"[:2000])
+        push.notify(store.fail_unqueued([m[0] for m in missing], f"not routed: {name}: {cause}"[:2000]))
     pipe = r.pipeline(transaction=True)
     pipe.sadd(_key(batch_id, "pending"), *ids)  # the failed ones settle as FAILED at the next check
     if created:

@@ -1,6 +1,8 @@
-"""The results push (DESIGN.md 2, step 7): once results are stored, their owners'
-WebSocket connections are told (skyfn.protocol.push). Two adapters behind `notify`,
-chosen by SKYFN_PUSH:
+"""The results push (DESIGN.md 2, step 7): once tasks reach a final state, their owners'
+WebSocket connections are told (skyfn.protocol.push). Every final-state write of the store
+returns its Notices (results, memo hits, cancels, expired leases, dead letters, tasks failed
+at submission); their writers pass them to `notify`. Two adapters behind it, chosen by
+SKYFN_PUSH:
 
 - ``redis`` (the embedded runtime's default): PUBLISH on ``push:<owner>``; the local
   gateway's hub (infra/local/push_hub.py) fans the message out to the owner's connections;
@@ -19,16 +21,15 @@ import functools
 import logging
 import os
 import time
-from typing import Any, Iterable
+from typing import Iterable
 
-from lambdas.adapters.redis_store import Notice
+from lambdas.adapters.redis_store import Notice, Status
 from skyfn.protocol.blobs import HEADER as BLOB_HEADER
 from skyfn.protocol.push import CHANNEL_PREFIX, done_message, small_status
 
 log = logging.getLogger("skyfn.push")
 
 CONNECTION_TTL_S = 2 * 3600  # API Gateway closes a WebSocket connection after 2 hours
-Status = tuple[str, Any, Any, Any]  # state, result, error, reason
 
 
 def kind() -> str:
@@ -43,12 +44,14 @@ def _is_ref(result: str) -> bool:
 
 
 def messages(notices: Iterable[Notice], statuses: dict[str, Status]) -> list[tuple[str, bytes, list[str]]]:
-    """(owner, message, ids whose result is inside) for each notice."""
+    """(owner, message, ids whose result is inside) for each notice; a notice's statuses
+    come from `statuses` or, when it has them, from the notice itself."""
     out = []
     for n in notices:
         small = []
+        known = n.statuses or statuses
         for tid in n.ids:
-            st = statuses.get(tid)
+            st = known.get(tid)
             if st is not None:
                 s = small_status(tid, st[0], st[1], st[2], st[3], _is_ref)
                 if s is not None:
@@ -72,7 +75,7 @@ def notify(notices: list[Notice], statuses: dict[str, Status] | None = None) -> 
         if how == "apigw":
             return _post(msgs)
         log.warning("SKYFN_PUSH=%r is not one of redis, apigw, off: nothing pushed", how)
-    except Exception:  # never fail a results batch over a push
+    except Exception:  # never fail a results batch (or a cancel, a reaper run) over a push
         log.exception("pushing %d notices failed; clients catch up by polling", len(notices))
     return 0
 

@@ -89,8 +89,8 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> 
     if rows:
         store.create(owner, submission_id, rows, created, queued)
     if routing.refused:  # the group's policy placed them nowhere (followup: fail)
-        store.finish([[task_ids[i], "FAILED", None, None, reason, ""] for i, reason in routing.refused.items()
-                      if i not in cached])
+        push.notify(store.finish([[task_ids[i], "FAILED", None, None, reason, ""]
+                                  for i, reason in routing.refused.items() if i not in cached])[3])
     sent: set[str] = set()
     try:
         for ep, indices in by_endpoint.items():
@@ -100,7 +100,7 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> 
             sent.update(task_ids[i] for i in indices)
     except Exception as exc:
         if not key:  # nobody can retry these: fail them; with a key the retry sends them
-            store.fail_unqueued([tid for tid in task_ids if tid not in sent], f"could not be queued: {exc}")
+            push.notify(store.fail_unqueued([tid for tid in task_ids if tid not in sent], f"could not be queued: {exc}"))
         raise Unavailable(f"the task queue refused the submission ({type(exc).__name__}); retry with the same "
                           "idempotency key") from exc
     store.enqueue_submission_record({
@@ -285,7 +285,8 @@ def cancel(owner: str, task_id: str) -> TaskStatus:
     outcome = deps.store().cancel(owner, task_id)
     if outcome is None:
         raise NotFound(f"task {task_id} not found")
-    state, endpoint_id = outcome
+    state, endpoint_id, notices = outcome
+    push.notify(notices)  # the owner's connections learn it as they learn results
     if state != "OK":
         raise Conflict(f"task {task_id} is already {state}: only tasks that have not finished can be cancelled")
     try:  # tell the agent, so a running task is stopped; the state is CANCELLED either way
