@@ -225,20 +225,17 @@ class _RequestHandler(BaseHTTPRequestHandler):
             hub.leave(conn)
 
     def _ui(self) -> None:
-        """The status page (infra/local/ui): static files, no data; everything it shows comes
-        from the API with the token the user signs in with."""
-        from infra.local import ui
+        """The status page (lambdas/ui_assets, as the AWS stack serves it): static files, no
+        data; everything it shows comes from the API with the token the user signs in with.
+        Its config: both APIs on this origin."""
+        from lambdas import ui_assets
 
-        found = ui.asset(self.path.split("?", 1)[0])
-        if found is None:
-            return self._send(404, {"Content-Type": "application/json"},
-                              _json_error("not_found", "no such page: the status page is /ui"))
-        ctype, body = found
-        host = self.headers.get("Host", f"{self.server.gateway.host}:{self.server.gateway.port}")
-        self._send(200, {"Content-Type": ctype, "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
-                         "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY",
-                         "Content-Security-Policy": f"default-src 'self'; connect-src 'self' ws://{host} wss://{host}; "
-                                                    "img-src 'self' data:; frame-ancestors 'none'"}, body)
+        gateway = self.server.gateway
+        host = self.headers.get("Host", f"{gateway.host}:{gateway.port}")
+        config = ui_assets.PageConfig(api_url="/", ws_url=WS_PATH if gateway.websocket is not None else None,
+                                      connect_src=(f"ws://{host}", f"wss://{host}"))
+        answer = ui_assets.serve(self.path.split("?", 1)[0], config, if_none_match=self.headers.get("If-None-Match"))
+        self._send(answer.status, answer.headers, answer.body)
 
     def _raw(self, status: int, payload: bytes) -> None:
         """An answer that is not logged with its request line (which may hold a token)."""
@@ -382,7 +379,7 @@ class Gateway:
         self.timeout_seconds = timeout_seconds
         self.max_body = max_body
         self.websocket = websocket  # a push_hub.PushHub: GET /ws upgrades are its connections
-        self.ui = ui  # serve the status page at /ui (infra/local/ui)
+        self.ui = ui  # serve the status page at /ui (lambdas/ui_assets)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 

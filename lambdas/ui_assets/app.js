@@ -1,18 +1,35 @@
 // The skyfn status page: no build step, no framework. The token stays in sessionStorage;
 // every datum comes from the REST API (GET /endpoints, GET /tasks) with that token, and
-// live updates from the WebSocket API (/ws, skyfn.protocol.push). Data is only ever
-// inserted as text (never as HTML).
+// live updates from the WebSocket API (skyfn.protocol.push). Where the APIs are comes from
+// config.json beside this file: the same origin for the embedded runtime; in AWS the REST
+// API's stage and the WebSocket API's own host. Data is only ever inserted as text (never
+// as HTML).
 "use strict";
 const STAGES = [["service", "CREATED", "QUEUED"], ["queue", "QUEUED", "DISPATCHED"],
   ["dispatch", "DISPATCHED", "RUNNING"], ["run", "RUNNING", "DONE"], ["return", "DONE", "STORED"]];
 const FINAL = new Set(["SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED"]);
 const $ = (id) => document.getElementById(id);
 const ui = { token: null, ws: null, pushes: 0, tasks: new Map(), refreshTimer: null, pollTimer: null,
-  since: Date.now() / 1000 - 3600, endpoints: new Map() };
+  since: Date.now() / 1000 - 3600, endpoints: new Map(), apiBase: null, wsUrl: null };
 window.skyfnUi = ui;  // the browser test reads its counters
 
+async function configure() {
+  let cfg = {};
+  try {
+    const r = await fetch("config.json", { cache: "no-cache" });
+    if (r.ok) cfg = await r.json();
+  } catch (err) { /* the defaults below: the APIs beside the page */ }
+  // the page is <api>/ui/: the REST API is one level up (the stage in AWS, the root locally)
+  ui.apiBase = new URL(cfg.api_url || "..", document.baseURI);
+  if (cfg.ws_url === null) return;  // no WebSocket API: the 3 s refresh only
+  const ws = new URL(cfg.ws_url || "/ws", location.href);
+  ws.protocol = ws.protocol.replace(/^http/, "ws");
+  ui.wsUrl = ws;
+}
+
 async function api(path) {
-  const r = await fetch(path, { headers: { Authorization: "Bearer " + ui.token }, cache: "no-store" });
+  const r = await fetch(new URL(path, ui.apiBase), { headers: { Authorization: "Bearer " + ui.token },
+    cache: "no-store" });
   if (r.status === 401 || r.status === 403) throw Object.assign(new Error("token refused"), { auth: true });
   if (!r.ok) throw new Error(path + ": HTTP " + r.status);
   return r.json();
@@ -82,8 +99,8 @@ function renderTasks() {
 
 async function refresh() {
   try {
-    const [eps, tasks] = await Promise.all([api("/endpoints"),
-      api("/tasks?history=false&limit=500&since=" + ui.since.toFixed(3))]);
+    const [eps, tasks] = await Promise.all([api("endpoints"),
+      api("tasks?history=false&limit=500&since=" + ui.since.toFixed(3))]);
     renderEndpoints(eps.endpoints);
     for (const t of tasks.tasks) ui.tasks.set(t.task_id, t);
     renderTasks();
@@ -97,9 +114,12 @@ function soon() {  // many pushes, one refresh
 }
 
 function connect() {
-  if (!ui.token) return;
-  const proto = location.protocol === "https:" ? "wss:" : "ws:";
-  const ws = new WebSocket(proto + "//" + location.host + "/ws?token=" + encodeURIComponent(ui.token));
+  if (!ui.token || !ui.wsUrl) return;
+  // browsers cannot set headers on a WebSocket: the token goes in the query string, which
+  // both the local gateway and the AWS $connect authorizer (lambdas/ws.py) read
+  const url = new URL(ui.wsUrl);
+  url.searchParams.set("token", ui.token);
+  const ws = new WebSocket(url.href);
   ui.ws = ws;
   ws.onopen = () => ws.send(JSON.stringify({ action: "subscribe" }));
   ws.onmessage = (ev) => {
@@ -123,7 +143,7 @@ function connect() {
 async function signIn(token) {
   ui.token = token;
   try {
-    await api("/endpoints");
+    await api("endpoints");
   } catch (err) {
     return signOut(err.auth ? "the service refused this token" : "the service is not reachable: " + err.message);
   }
@@ -151,12 +171,14 @@ function signOut(reason) {
   $("signin-error").textContent = reason || "";
 }
 
-$("signin-form").addEventListener("submit", (ev) => {
+const configured = configure();
+$("signin-form").addEventListener("submit", async (ev) => {
   ev.preventDefault();
   const token = $("token").value.trim();
   $("token").value = "";
+  await configured;
   if (token) signIn(token);
 });
 $("signout").addEventListener("click", () => signOut(""));
 const kept = sessionStorage.getItem("skyfn-token");
-if (kept) signIn(kept);
+if (kept) configured.then(() => signIn(kept));
