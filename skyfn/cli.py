@@ -10,6 +10,10 @@
     skyfn policy check FILE [--tag T] [--state S]  validate an aAPP placement policy, explain decisions
     skyfn login [--local | --issuer URL --client-id ID --service URL [--device]]   keep a token (0600)
     skyfn report [--since 1h] [--endpoint E] [--html FILE] [--png DIR]   plots from task events
+    skyfn task watch [ID ...] [--file F|-] [--since 10m] [--endpoint E] [--once [--json]]
+                                           live view of a batch: counts per state and endpoint,
+                                           progress, throughput, ETA, last failures; exit 0 when
+                                           all succeeded, 1 when any failed (3: --once, not done)
 
 Implementations are imported inside the commands, so `import skyfn` (the SDK) never
 imports infra/, lambdas/ or moto. The `local` commands need the embedded runtime
@@ -296,6 +300,43 @@ def report(
         typer.echo(f"figure {name}: {path}")
     if result.html is not None:
         typer.echo(f"report written to {result.html}")
+
+
+# --- task (seeing a batch; issue 13) ---------------------------------------------------------
+task_app = typer.Typer(help="Your tasks: watch a batch live.", no_args_is_help=True)
+app.add_typer(task_app, name="task")
+
+
+@task_app.command("watch")
+def task_watch(
+    task_ids: Optional[list[str]] = typer.Argument(None, help="task ids to watch", show_default=False),
+    ids_file: Optional[str] = typer.Option(None, "--file", "-f", help="also the task ids in this file, one a line "
+                                                                      "('-': stdin)"),
+    since: Optional[str] = typer.Option(None, "--since", help="also your tasks created since then: an age (10m, 2h, "
+                                                              "1d), epoch seconds or an ISO 8601 time"),
+    endpoint: Optional[str] = typer.Option(None, "--endpoint", help="only the tasks of this endpoint (name or id)"),
+    once: bool = typer.Option(False, "--once", help="print one snapshot and exit"),
+    as_json: bool = typer.Option(False, "--json", help="with --once: the snapshot as JSON"),
+    interval: float = typer.Option(1.0, "--interval", min=0.2, help="seconds between status calls at least"),
+    no_push: bool = typer.Option(False, "--no-push", help="poll only; do not subscribe to the results push"),
+) -> None:
+    """Watch tasks until all are final: counts per state and per endpoint, a progress bar,
+    throughput, ETA and the last failures with their reason (plain lines when stdout is not
+    a terminal). Exit 0: all succeeded; 1: some failed, timed out or were cancelled;
+    3: --once and some not final yet; 130: interrupted."""
+    def action():
+        from skyfn import Client
+        from skyfn.watch import WatchError, check, read_ids, watch
+
+        try:
+            ids = read_ids(task_ids or [], ids_file)
+            check(ids, since, once, as_json)
+            with Client() as client:
+                return watch(client, ids, since, endpoint, once=once, as_json=as_json, interval=interval,
+                             push=not no_push)
+        except WatchError as exc:
+            _fail(str(exc))
+    raise typer.Exit(_run(action))
 
 
 def main() -> None:
