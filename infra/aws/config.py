@@ -51,6 +51,11 @@ WS_ROUTES = FunctionSpec("ws", "lambdas.ws.handler", 256, 10, None,
                          "WebSocket API routes: connect, disconnect, subscribe (results push)")
 WS_AUTHORIZER = FunctionSpec("ws-authorizer", "lambdas.ws.authorizer", 256, 10, None,
                              "WebSocket API $connect authorizer: the REST API's tokens")
+# The status page (infra/aws/stacks/status_page.py; issue 13): the one function reachable
+# without a token, so its concurrency is capped: a flood of /ui requests cannot take the
+# account's concurrency from the API.
+UI = FunctionSpec("ui", "lambdas.ui.handler", 256, 10, 5,
+                  "Status page at /ui: static files and config.json, no data")
 
 # Interface VPC endpoints of the network stack (gateway endpoints: DynamoDB, S3).
 INTERFACE_ENDPOINTS = ("sqs", "secretsmanager", "sts", "logs", "states")

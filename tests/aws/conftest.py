@@ -18,7 +18,7 @@ try:
     IN_CDK_VENV = True
 except ImportError:
     IN_CDK_VENV = False
-collect_ignore = ["test_in_cdk_venv.py"] if IN_CDK_VENV else ["test_stacks.py", "test_push_stack.py"]
+collect_ignore = ["test_in_cdk_venv.py"] if IN_CDK_VENV else ["test_stacks.py", "test_push_stack.py", "test_ui_stack.py"]
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 os.environ.setdefault("CDK_DISABLE_CLI_TELEMETRY", "true")

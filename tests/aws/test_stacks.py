@@ -243,10 +243,11 @@ def test_api_gateway_authorizer_throttling_access_logs(tpl, t):
     s.has_resource_properties("AWS::ApiGateway::Authorizer", {"Type": "COGNITO_USER_POOLS"})
     methods = props(t["service"], "AWS::ApiGateway::Method")
     auth = sorted((m["HttpMethod"], m["AuthorizationType"]) for m in methods)
-    assert auth == [("ANY", "COGNITO_USER_POOLS"), ("ANY", "COGNITO_USER_POOLS"), ("GET", "NONE")]
-    (public,) = [m for m in methods if m["AuthorizationType"] == "NONE"]
-    openapi = res(t["service"], "AWS::ApiGateway::Resource")[public["ResourceId"]["Ref"]]
-    assert openapi["Properties"]["PathPart"] == "openapi.json"
+    assert auth == [("ANY", "COGNITO_USER_POOLS"), ("ANY", "COGNITO_USER_POOLS")] + [("GET", "NONE")] * 3
+    public = [m for m in methods if m["AuthorizationType"] == "NONE"]
+    parts = {res(t["service"], "AWS::ApiGateway::Resource")[m["ResourceId"]["Ref"]]["Properties"]["PathPart"]
+             for m in public}
+    assert parts == {"openapi.json", "ui", "{proxy+}"}  # the OpenAPI document, the status page (test_ui_stack.py)
     (stage,) = props(t["service"], "AWS::ApiGateway::Stage")
     assert stage["StageName"] == "ci" and stage["TracingEnabled"] is True
     assert "requestId" in stage["AccessLogSetting"]["Format"]
@@ -265,7 +266,7 @@ def test_results_event_source_schedules_alarms_dashboard(tpl, t):
     names = {a["MetricName"] for a in alarms}
     assert {"Errors", "Throttles", "ApproximateNumberOfMessagesVisible", "ApproximateAgeOfOldestMessage",
             "5XXError"} <= names
-    assert len(alarms) == 2 * len(FUNCTIONS) + 4
+    assert len(alarms) == 2 * (len(FUNCTIONS) + 1) + 4  # + the status page's function (test_ui_stack.py)
     assert all(a["AlarmActions"] for a in alarms)
     s.resource_count_is("AWS::CloudWatch::Dashboard", 1)
 
@@ -417,7 +418,8 @@ def test_action_provider_is_deployed_behind_the_api_authorizer(t, synth_globus):
     authorized {proxy+} resource; its scope is the Globus app's action_all scope; the stack
     outputs the URL a flow's Action state names."""
     svc = t["service"]
-    proxy = [r for r in res(svc, "AWS::ApiGateway::Resource").values() if r["Properties"]["PathPart"] == "{proxy+}"]
+    proxy = [r for r in res(svc, "AWS::ApiGateway::Resource").values() if r["Properties"]["PathPart"] == "{proxy+}"
+             and "RootResourceId" in json.dumps(r["Properties"]["ParentId"])]  # not /ui/{proxy+}
     assert len(proxy) == 1
     methods = [m["Properties"] for m in res(svc, "AWS::ApiGateway::Method").values()]
     assert any(m["HttpMethod"] == "ANY" and m["AuthorizationType"] == "COGNITO_USER_POOLS" for m in methods)

@@ -36,6 +36,7 @@ from infra.aws.config import (ARCHITECTURE, AUTHORIZER, FUNCTIONS, PYTHON_RUNTIM
 from infra.aws.stacks.common import retention
 from infra.aws.stacks.data import DataStack
 from infra.aws.stacks.push import ResultsPush
+from infra.aws.stacks.status_page import StatusPage
 from stepfunctions import catalog
 
 # What the handlers read (lambdas/config.py); the queues are created to match.
@@ -151,6 +152,10 @@ class ServiceStack(Stack):
         self._action_provider(api_fn)
         # the results push: WebSocket API, connection table, results function posting (issue 13)
         self.push = ResultsPush(self, "ResultsPush", service=self, results_fn=results_fn)
+        # the status page at /ui, told where the WebSocket API is (issue 13)
+        self.status_page = StatusPage(self, "StatusPage", service=self, api=self.api, ws_url=self.push.stage.url,
+                                      runtime=_runtime(), architecture=_architecture())
+        self.functions["ui"] = self.status_page.function  # its errors and throttles alarm too
         self._alarms()
         self._dashboard()
 
