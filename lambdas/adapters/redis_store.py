@@ -36,23 +36,46 @@ import redis
 from skyfn.protocol.queues.redis_streams import SOCKET_TIMEOUT_S
 from skyfn.protocol.states import parse_events
 
-_CREATE = """
+# Commands over many members go out in slices (Lua's unpack has a stack limit).
+_BULK = """
+local function bulk(cmd, key, items, width)
+  local step = 4000 - 4000 % width
+  for i = 1, #items, step do
+    redis.call(cmd, key, unpack(items, i, math.min(i + step - 1, #items)))
+  end
+end
+"""
+
+# Each redis.call costs a few microseconds inside a script: one HSET per task, the index
+# updates (recent:, load:) once per batch.
+_CREATE = _BULK + """
 local now = ARGV[2]
 local tasks = cjson.decode(ARGV[1])
 local owner, sub = ARGV[3], ARGV[4]
+local ev = 'CREATED@' .. now .. ';QUEUED@' .. ARGV[5] .. ';'
+local recent, load = {}, {}
 for i, t in ipairs(tasks) do
-  redis.call('HSET', 't:' .. t[1], 'o', owner, 'f', t[2], 'e', t[3], 'sub', sub, 's', 'QUEUED',
-             'r', 0, 'mr', t[5], 'c', now, 'p', t[4], 'ev', 'CREATED@' .. now .. ';QUEUED@' .. ARGV[5] .. ';')
-  if t[7] and t[7] ~= cjson.null then redis.call('HSET', 't:' .. t[1], 'mk', t[7]) end
+  local f = {'o', owner, 'f', t[2], 'e', t[3], 'sub', sub, 's', 'QUEUED', 'r', 0, 'mr', t[5], 'c', now, 'p', t[4],
+             'ev', ev}
+  if t[7] and t[7] ~= cjson.null then f[#f + 1] = 'mk'; f[#f + 1] = t[7] end
   local tag = t[6]
   if tag and tag ~= cjson.null and tag ~= '' then
-    redis.call('HSET', 't:' .. t[1], 'tg', tag)
+    f[#f + 1] = 'tg'; f[#f + 1] = tag
   else
     tag = '_'
   end
-  if t[3] ~= '' then redis.call('HINCRBY', 'load:' .. t[3], tag, 1) end
-  redis.call('ZADD', 'recent:' .. owner, now, t[1])
+  redis.call('HSET', 't:' .. t[1], unpack(f))
+  if t[3] ~= '' then
+    local per = load[t[3]]
+    if not per then per = {}; load[t[3]] = per end
+    per[tag] = (per[tag] or 0) + 1
+  end
+  recent[#recent + 1] = now; recent[#recent + 1] = t[1]
 end
+for ep, per in pairs(load) do
+  for tag, n in pairs(per) do redis.call('HINCRBY', 'load:' .. ep, tag, n) end
+end
+bulk('ZADD', 'recent:' .. owner, recent, 2)
 redis.call('ZREMRANGEBYRANK', 'recent:' .. owner, 0, -(tonumber(ARGV[6] or '100000') + 1))
 redis.call('EXPIRE', 'recent:' .. owner, 30 * 86400)
 redis.call('SETNX', 'first:' .. owner, now)
@@ -81,45 +104,62 @@ end
 """
 
 # A final state is written once; duplicates (redelivered packs) are counted and ignored.
-_FINISH = _UNLOAD + _PREV + """
+# One HMGET and one HSET per task; the leases, purge, outbox and load updates once per batch.
+_FINISH = _BULK + _PREV + """
 local rows = cjson.decode(ARGV[1])
 local now = ARGV[2]
 local from = ARGV[4] or ''
-local done = {}
+local purge_at = tonumber(now) + tonumber(ARGV[3])
+local done, owners = {}, {}
+local ended, purge, unload = {}, {}, {}
 local stored, dup, unknown = 0, 0, 0
 for i, r in ipairs(rows) do
   local key = 't:' .. r[1]
-  local s = redis.call('HGET', key, 's')
-  if not s or (from ~= '' and redis.call('HGET', key, 'e') ~= from) then
+  local v = redis.call('HMGET', key, 's', 'e', 'ev', 'o', 'tg', 'mk')
+  local s = v[1]
+  if not s or (from ~= '' and v[2] ~= from) then
     unknown = unknown + 1  -- or routed to another endpoint than the sender's: not its to answer
   elseif s == 'SUCCEEDED' or s == 'FAILED' or s == 'TIMED_OUT' or s == 'CANCELLED' then
     dup = dup + 1
   else
-    redis.call('HSET', key, 's', r[2])
-    if r[3] ~= cjson.null then redis.call('HSET', key, 'res', r[3]) end
-    if r[4] ~= cjson.null then redis.call('HSET', key, 'err', r[4]) end
-    if r[5] ~= cjson.null then redis.call('HSET', key, 'why', r[5]) end
-    if r[7] and r[7] ~= cjson.null then redis.call('HSET', key, 'so', r[7]) end
-    if r[8] and r[8] ~= cjson.null then redis.call('HSET', key, 'se', r[8]) end
-    redis.call('HSET', key, 'ev', (redis.call('HGET', key, 'ev') or '') .. r[6] .. r[2] .. '@' .. now .. ';STORED@' .. now .. ';')
+    local f = {'s', r[2], 'ev', (v[3] or '') .. r[6] .. r[2] .. '@' .. now .. ';STORED@' .. now .. ';'}
+    if r[3] ~= cjson.null then f[#f + 1] = 'res'; f[#f + 1] = r[3] end
+    if r[4] ~= cjson.null then f[#f + 1] = 'err'; f[#f + 1] = r[4] end
+    if r[5] ~= cjson.null then f[#f + 1] = 'why'; f[#f + 1] = r[5] end
+    if r[7] and r[7] ~= cjson.null then f[#f + 1] = 'so'; f[#f + 1] = r[7] end
+    if r[8] and r[8] ~= cjson.null then f[#f + 1] = 'se'; f[#f + 1] = r[8] end
+    redis.call('HSET', key, unpack(f))
     redis.call('HDEL', key, 'p')
-    unload(key)
-    redis.call('ZREM', 'leases', r[1])
-    redis.call('ZADD', 'purge', tonumber(now) + tonumber(ARGV[3]), r[1])
-    redis.call('RPUSH', 'outbox', r[1])
-    local owner = redis.call('HGET', key, 'o')
-    if r[2] == 'SUCCEEDED' and r[3] ~= cjson.null and ARGV[5] then
-      local mk = redis.call('HGET', key, 'mk')
-      if mk then redis.call('SET', 'memo:' .. owner .. ':' .. mk, r[3], 'EX', ARGV[5]) end
+    if v[2] and v[2] ~= '' then
+      local per = unload[v[2]]
+      if not per then per = {}; unload[v[2]] = per end
+      local field = v[5] or '_'
+      per[field] = (per[field] or 0) + 1
     end
-    if not done[owner] then done[owner] = {} end
+    ended[#ended + 1] = r[1]
+    purge[#purge + 1] = purge_at; purge[#purge + 1] = r[1]
+    local owner = v[4]
+    if r[2] == 'SUCCEEDED' and r[3] ~= cjson.null and ARGV[5] and v[6] then
+      redis.call('SET', 'memo:' .. owner .. ':' .. v[6], r[3], 'EX', ARGV[5])
+    end
+    if not done[owner] then done[owner] = {}; owners[#owners + 1] = owner end
     table.insert(done[owner], r[1])
     stored = stored + 1
   end
 end
+for ep, per in pairs(unload) do
+  for field, n in pairs(per) do
+    if redis.call('HINCRBY', 'load:' .. ep, field, -n) <= 0 then redis.call('HDEL', 'load:' .. ep, field) end
+  end
+end
+if #ended > 0 then
+  bulk('ZREM', 'leases', ended, 1)
+  bulk('ZADD', 'purge', purge, 2)
+  bulk('RPUSH', 'outbox', ended, 1)
+end
 local notices = {}
-for owner, ids in pairs(done) do
-  local csv = table.concat(ids, ',')
+for _, owner in ipairs(owners) do
+  local csv = table.concat(done[owner], ',')
   local id = redis.call('XADD', 'done:' .. owner, 'MAXLEN', '~', 10000, '*', 'ids', csv)
   redis.call('EXPIRE', 'done:' .. owner, 86400)
   table.insert(notices, {owner, _prev(owner, id), id, csv})
@@ -158,26 +198,29 @@ return {0}
 _RANK = "{CREATED=0, QUEUED=1, DISPATCHED=2, RUNNING=3}"
 
 # Progress never moves a task backwards; LEASE only extends a live lease.
-_PROGRESS = """
+_PROGRESS = _BULK + """
 local rank = """ + _RANK + """
 local rows = cjson.decode(ARGV[1])
 local now = tonumber(ARGV[2])
 local from = ARGV[3] or ''
 local applied = 0
+local leases = {}
 for i, u in ipairs(rows) do
   local key = 't:' .. u[1]
-  local s = redis.call('HGET', key, 's')
-  if s and rank[s] ~= nil and (from == '' or redis.call('HGET', key, 'e') == from) then
+  local v = redis.call('HMGET', key, 's', 'e', 'ev')
+  local s = v[1]
+  if s and rank[s] ~= nil and (from == '' or v[2] == from) then
     if u[2] ~= 'LEASE' and rank[u[2]] > rank[s] then
-      redis.call('HSET', key, 's', u[2], 'ev', (redis.call('HGET', key, 'ev') or '') .. u[2] .. '@' .. u[3] .. ';')
-      redis.call('ZADD', 'leases', now + u[4], u[1])
+      redis.call('HSET', key, 's', u[2], 'ev', (v[3] or '') .. u[2] .. '@' .. u[3] .. ';')
+      leases[#leases + 1] = now + u[4]; leases[#leases + 1] = u[1]
       applied = applied + 1
     elseif s == 'DISPATCHED' or s == 'RUNNING' then
-      redis.call('ZADD', 'leases', now + u[4], u[1])
+      leases[#leases + 1] = now + u[4]; leases[#leases + 1] = u[1]
       applied = applied + 1
     end
   end
 end
+if #leases > 0 then bulk('ZADD', 'leases', leases, 2) end  -- a task listed twice: its last lease wins
 return applied
 """
 
@@ -243,6 +286,19 @@ redis.call('RPUSH', 'outbox', ARGV[1])
 local id = redis.call('XADD', 'done:' .. ARGV[2], 'MAXLEN', '~', 10000, '*', 'ids', ARGV[1])
 redis.call('EXPIRE', 'done:' .. ARGV[2], 86400)
 return {'OK', redis.call('HGET', key, 'e'), _prev(ARGV[2], id), id}
+"""
+
+# Results handed over by the push count as read: purged result_ttl from then.
+_RETRIEVED = _BULK + """
+local now = ARGV[1]
+local at = tonumber(now) + tonumber(ARGV[2])
+local purge = {}
+for i = 3, #ARGV do
+  redis.call('HSETNX', 't:' .. ARGV[i], 'rt', now)
+  purge[#purge + 1] = at; purge[#purge + 1] = ARGV[i]
+end
+bulk('ZADD', 'purge', purge, 2)
+return #ARGV - 2
 """
 
 # Status read: owner-checked; final tasks are marked retrieved and scheduled for purge.
@@ -327,6 +383,7 @@ class TaskStore:
         self._expire = client.register_script(_EXPIRE)
         self._cancel = client.register_script(_CANCEL)
         self._status = client.register_script(_STATUS)
+        self._retrieved = client.register_script(_RETRIEVED)
 
     @classmethod
     def from_url(cls, url: str, **kw: Any) -> "TaskStore":
@@ -411,12 +468,7 @@ class TaskStore:
         """Results handed to their owner by the push: purged result_ttl from now, as if read."""
         if not task_ids:
             return
-        now = time.time()
-        pipe = self.r.pipeline(transaction=False)
-        for tid in task_ids:
-            pipe.hsetnx(f"t:{tid}", "rt", f"{now:.6f}")
-        pipe.zadd("purge", {tid: now + self.result_ttl for tid in task_ids})
-        pipe.execute()
+        self._retrieved(args=[f"{time.time():.6f}", self.result_ttl, *task_ids])
 
     def progress(self, rows: list[list[Any]], endpoint_id: str = "") -> int:
         """rows: [task_id, DISPATCHED|RUNNING|LEASE, ts, lease_seconds]; with `endpoint_id`,
