@@ -41,10 +41,13 @@ def _config(prefix: str) -> ui_assets.PageConfig:
     return ui_assets.PageConfig(api_url=api_url, ws_url=ws_url, connect_src=connect)
 
 
-def _answer(path: str) -> Response:
+def _answer() -> Response:
+    # the path as requested, not as routed: the resolver ignores trailing slashes, the
+    # local gateway does not, and both must answer alike
+    event = app.current_event
     prefix = _prefix()
-    answer = ui_assets.serve(path, _config(prefix), base=f"{prefix}{ui_assets.DEFAULT_BASE}",
-                             if_none_match=app.current_event.get_header_value("If-None-Match"))
+    answer = ui_assets.serve(event.path or "", _config(prefix), base=f"{prefix}{ui_assets.DEFAULT_BASE}",
+                             if_none_match=event.headers.get("If-None-Match"))
     # text, not bytes: bytes would go out base64-encoded, which the REST API passes on as is
     # unless binary media types are configured
     return Response(status_code=answer.status, headers=answer.headers, body=answer.body.decode())
@@ -53,12 +56,13 @@ def _answer(path: str) -> Response:
 @app.get("/ui")
 @app.get("/ui/<name>")
 def page(name: str = "") -> Response:
-    return _answer(f"{ui_assets.PREFIX}/{name}" if name else ui_assets.PREFIX)
+    """The page and its files; serve() knows which names exist."""
+    return _answer()
 
 
 @app.not_found
 def not_found(_: NotFoundError) -> Response:
-    return _answer("")
+    return _answer()  # a 404 naming the page, for anything but its files
 
 
 def handler(event: dict, context: Any) -> dict:

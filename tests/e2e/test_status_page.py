@@ -131,6 +131,10 @@ def test_bad_tokens_get_the_sign_in_page_and_no_data(browser, client, endpoint_i
     assert endpoint_id not in page.text and "data-endpoint=" not in page.text and "data-task=" not in page.text
     assert "frame-ancestors 'none'" in page.headers["Content-Security-Policy"]
     assert requests.get(f"{url}/ui/nothing-here", timeout=30).status_code == 404
+    # the same files and answers as the AWS function (tests/unit/test_ui_handler.py); both APIs on this origin
+    assert requests.get(f"{url}/ui/config.json", timeout=30).json() == {"api_url": "/", "ws_url": "/ws"}
+    for probe in ("/ui/%2e%2e/lambdas/api.py", "/ui/..%2fui.py", "/ui/__init__.py"):
+        assert requests.get(f"{url}{probe}", timeout=30).status_code == 404, probe
 
     expired = runtime.mint_token(StateDir.at(local_home), "alice", ttl_seconds=-3600)
     for n, token in enumerate(("not-a-token", expired, client.config.token[:-4] + "AAAA")):
