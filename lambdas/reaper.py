@@ -39,8 +39,8 @@ def reap() -> dict[str, int]:
     requeued, failed, notices = store.expire_leases()
     push.notify(notices)
     dead = 0
-    for key in deps.redis_client().scan_iter(match="ep:*", count=1000):
-        dead += fail_dead_letters(key.decode()[3:])
+    for endpoint_id in registry.cached_endpoint_ids():
+        dead += fail_dead_letters(endpoint_id)
     purged = store.purge()
     report = {"offline": len(offline), "requeued": requeued, "lease_failed": failed, "dead_lettered": dead,
               "purged": purged}

@@ -48,7 +48,7 @@ def child_env(extra: dict | None = None) -> dict:
 
 
 class _Worker:
-    def __init__(self, target: str, env: dict | None, start_timeout: float):
+    def __init__(self, target: str, env: dict | None, start_timeout: float, nice: int = 0):
         req_r, req_w = os.pipe()
         ans_r, ans_w = os.pipe()
         try:
@@ -58,6 +58,8 @@ class _Worker:
         finally:
             os.close(req_r)
             os.close(ans_w)
+        if nice:
+            os.setpriority(os.PRIO_PROCESS, self.proc.pid, os.getpriority(os.PRIO_PROCESS, 0) + nice)
         self.requests = os.fdopen(req_w, "wb")
         self.answers = os.fdopen(ans_r, "rb", buffering=0)
         kind, *rest = self._read(start_timeout)
@@ -132,20 +134,21 @@ class LambdaPool:
     """Invoke `target` ("module:attr") in up to `max_workers` environments at once."""
 
     def __init__(self, target: str, *, min_workers: int = 2, max_workers: int = 16, env: dict | None = None,
-                 start_timeout: float = 60.0, reuse_wait: float = 0.05):
+                 start_timeout: float = 60.0, reuse_wait: float = 0.05, nice: int = 0):
         self.target = target
         self.min_workers = max(1, min_workers)
         self.max_workers = max(self.min_workers, max_workers)
         self.env = env
         self.start_timeout = start_timeout
         self.reuse_wait = reuse_wait
+        self.nice = nice  # lower priority of its environments (background work)
         self._idle: queue.LifoQueue[_Worker] = queue.LifoQueue()
         self._all: set[_Worker] = set()
         self._lock = threading.Lock()
         self._closed = False
 
     def start(self) -> "LambdaPool":
-        first = _Worker(self.target, self.env, self.start_timeout)  # surfaces import errors now
+        first = _Worker(self.target, self.env, self.start_timeout, self.nice)  # surfaces import errors now
         self._add(first)
         others = [threading.Thread(target=self._grow_idle, daemon=True) for _ in range(self.min_workers - 1)]
         for t in others:
@@ -161,7 +164,7 @@ class LambdaPool:
 
     def _grow_idle(self) -> None:
         try:
-            self._add(_Worker(self.target, self.env, self.start_timeout))
+            self._add(_Worker(self.target, self.env, self.start_timeout, self.nice))
         except Exception:
             log.exception("starting a handler environment for %s failed", self.target)
 
@@ -186,7 +189,7 @@ class LambdaPool:
         if not grow:
             return self._idle.get()
         try:
-            worker = _Worker(self.target, self.env, self.start_timeout)
+            worker = _Worker(self.target, self.env, self.start_timeout, self.nice)
         finally:
             with self._lock:
                 self._all.discard(placeholder)

@@ -1,12 +1,20 @@
 """The EventBridge schedules of the embedded runtime: each schedule is a daemon thread
 that invokes its handler with a `Scheduled Event` at a fixed rate (reaper every 5 s,
 history every 2 s by default). An invocation that raises is logged and the schedule
-goes on; one that overruns its period skips the missed ticks instead of piling up."""
+goes on; one that overruns its period skips the missed ticks instead of piling up.
+
+A schedule given a `target` ("module:handler") runs it in its own Lambda environment
+(infra/local/lambda_pool.py), as AWS runs each scheduled function apart from the API and
+the results function: its CPU and its GIL are not theirs. `nice` lowers that process's
+priority: the history archive (a bulk copy into DynamoDB) yields the machine's cores to
+the task path during a burst and catches up when it ends, which on AWS its own Lambda
+does without taking anything from the others."""
 from __future__ import annotations
 
 import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -21,20 +29,24 @@ Handler = Callable[[dict, Any], Any]
 class Schedule:
     name: str
     period: float
-    handler: Handler | Callable[[], Handler]
+    handler: Handler | Callable[[], Handler] | None = None
     lazy: bool = False  # handler is a factory returning the handler (resolved on start)
+    target: str | None = None  # "module:attr": run in its own environment instead of `handler`
+    nice: int = 0  # added to the niceness of the target's environment
     timeout_seconds: float = 60.0
     runs: int = 0
     failures: int = 0
     last_error: str | None = None
     _thread: threading.Thread | None = field(default=None, repr=False)
+    _pool: Any = field(default=None, repr=False)
+
+
+HISTORY_NICE = 10
 
 
 def default_schedules(reaper_period: float = 5.0, history_period: float = 2.0) -> list[Schedule]:
-    from infra.local import handlers
-
-    return [Schedule("skyfn-reaper", reaper_period, handlers.reaper_handler, lazy=True),
-            Schedule("skyfn-history", history_period, handlers.history_handler, lazy=True)]
+    return [Schedule("skyfn-reaper", reaper_period, target="lambdas.reaper:handler"),
+            Schedule("skyfn-history", history_period, target="lambdas.history:handler", nice=HISTORY_NICE)]
 
 
 class Scheduler:
@@ -43,8 +55,13 @@ class Scheduler:
         self._stop = threading.Event()
 
     def start(self) -> "Scheduler":
+        from infra.local.lambda_pool import LambdaPool
+
         for s in self.schedules:
-            if s.lazy:
+            if s.target is not None:
+                if s._pool is None:  # one environment: a schedule never overlaps itself
+                    s._pool = LambdaPool(s.target, min_workers=1, max_workers=1, nice=s.nice).start()
+            elif s.lazy:
                 s.handler, s.lazy = s.handler(), False
         for s in self.schedules:
             s._thread = threading.Thread(target=self._run, args=(s,), name=f"schedule-{s.name}", daemon=True)
@@ -56,6 +73,9 @@ class Scheduler:
         for s in self.schedules:
             if s._thread is not None:
                 s._thread.join(timeout)
+            if s._pool is not None:
+                s._pool.close()
+                s._pool = None
 
     def alive(self) -> bool:
         return all(s._thread is not None and s._thread.is_alive() for s in self.schedules)
@@ -69,11 +89,18 @@ class Scheduler:
             if next_at < now:  # overran: skip the missed ticks
                 next_at = now + s.period - ((now - next_at) % s.period)
 
+    def pids(self) -> dict[str, list[int]]:
+        """The processes of the schedules that run in their own environment."""
+        return {s.name: s._pool.pids() for s in self.schedules if s._pool is not None}
+
     @staticmethod
     def invoke(s: Schedule) -> None:
         s.runs += 1
         try:
-            s.handler(scheduled_event(s.name), LocalLambdaContext(s.name, s.timeout_seconds))
+            if s._pool is not None:
+                s._pool.invoke(scheduled_event(s.name), s.name, s.timeout_seconds, str(uuid.uuid4()))
+            else:
+                s.handler(scheduled_event(s.name), LocalLambdaContext(s.name, s.timeout_seconds))
         except Exception as exc:
             s.failures += 1
             s.last_error = f"{type(exc).__name__}: {exc}"

@@ -13,6 +13,8 @@ from lambdas.core.errors import NotFound
 from lambdas.core.ids import is_uuid, new_id
 from skyfn.protocol.api import EndpointInfo, FunctionInfo, RegisterEndpoint, RegisterFunction
 
+ALL_ENDPOINTS = "ep-index"  # set: the ids of the endpoints cached in Redis (ep:<id>)
+
 
 def _dec(raw: dict[bytes, bytes]) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in raw.items()}
@@ -135,7 +137,21 @@ def _cache_endpoint(item: dict[str, Any]) -> None:
         pipe.hdel(f"ep:{item['endpoint_id']}", allowlist.FIELD)
     pipe.set(f"epname:{item['owner']}:{item['name']}", item["endpoint_id"])
     pipe.sadd(f"eps:{item['owner']}", item["endpoint_id"])
+    pipe.sadd(ALL_ENDPOINTS, item["endpoint_id"])
     pipe.execute()
+
+
+def cached_endpoint_ids() -> list[str]:
+    """Every endpoint with a record in Redis (ep:<id>), from the index the records are
+    cached with. A store from before the index is scanned once to build it: the reaper
+    runs every few seconds and must not walk every task key each time."""
+    r = deps.redis_client()
+    ids = r.smembers(ALL_ENDPOINTS)
+    if not ids:
+        ids = {key[3:] for key in r.scan_iter(match="ep:*", count=1000)}
+        if ids:
+            r.sadd(ALL_ENDPOINTS, *ids)
+    return sorted(i.decode() if isinstance(i, bytes) else i for i in ids)
 
 
 def _endpoint_record(endpoint_id: str) -> dict[str, str] | None:
@@ -203,9 +219,10 @@ def mark_silent_endpoints_offline() -> list[str]:
     r = deps.redis_client()
     limit = time.time() - settings().heartbeat_timeout
     offline = []
-    for key in r.scan_iter(match="ep:*", count=1000):
+    for endpoint_id in cached_endpoint_ids():
+        key = f"ep:{endpoint_id}"
         hb, st = r.hmget(key, "hb", "st")
         if st == b"online" and hb is not None and float(hb) < limit:
             r.hset(key, "st", "offline")
-            offline.append(key.decode()[3:])
+            offline.append(endpoint_id)
     return offline

@@ -24,3 +24,12 @@ def echo(event, context):
     return {"statusCode": 200, "headers": {"Content-Type": "application/json"},
             "multiValueHeaders": {"Set-Cookie": ["a=1", "b=2"]}, "body": json.dumps(info),
             "isBase64Encoded": False}
+
+
+def scheduled_record(event, context):
+    """A scheduled handler that appends (pid, niceness, detail-type, function) to the file
+    named by SKYFN_TEST_SCHEDULE_LOG."""
+    with open(os.environ["SKYFN_TEST_SCHEDULE_LOG"], "a") as f:
+        f.write(json.dumps([os.getpid(), os.getpriority(os.PRIO_PROCESS, 0), event["detail-type"],
+                            context.function_name]) + "\n")
+    return {"ok": True}

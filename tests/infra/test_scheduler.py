@@ -2,7 +2,11 @@
 its own schedule nor the others."""
 from __future__ import annotations
 
+import json
+import os
 import time
+
+import pytest
 
 from infra.local.scheduler import Schedule, Scheduler
 
@@ -54,3 +58,28 @@ def test_lazy_handlers_resolve_on_start():
     time.sleep(0.2)
     scheduler.stop()
     assert calls and calls[0] == "lazy"
+
+
+def test_target_schedules_run_in_their_own_niced_environment(tmp_path, monkeypatch):
+    log = tmp_path / "runs.jsonl"
+    monkeypatch.setenv("SKYFN_TEST_SCHEDULE_LOG", str(log))
+    s = Schedule("skyfn-history", 0.05, target="tests.infra.sample_handlers:scheduled_record", nice=7)
+    scheduler = Scheduler([s]).start()
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 3):
+            time.sleep(0.05)
+        (pid,) = scheduler.pids()["skyfn-history"]
+    finally:
+        scheduler.stop()
+    runs = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(runs) >= 3 and s.failures == 0
+    # one environment, not this process, reused for every run, at our niceness + 7
+    assert {r[0] for r in runs} == {pid} and pid != os.getpid()
+    assert {r[1] for r in runs} == {os.getpriority(os.PRIO_PROCESS, 0) + 7}
+    assert runs[0][2:] == ["Scheduled Event", "skyfn-history"]
+    with pytest.raises(ProcessLookupError):  # stopped with the scheduler
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            os.kill(pid, 0)
+            time.sleep(0.05)

@@ -93,6 +93,21 @@ def test_reaper_marks_silent_endpoints_offline(api, submitted, monkeypatch):
     assert api.call("GET", f"/endpoints/{ep}")[1]["status"] == "offline"
 
 
+def test_reaper_finds_endpoints_by_their_index_and_rebuilds_a_missing_one(api, submitted):
+    from lambdas.core import deps, registry
+    from lambdas.reaper import reap
+
+    ep, _ = submitted
+    r = deps.redis_client()
+    assert r.sismember(registry.ALL_ENDPOINTS, ep)  # indexed when its record was cached
+    r.delete(registry.ALL_ENDPOINTS)  # a store written before the index existed
+    api.call("POST", f"/endpoints/{ep}/heartbeat", {})
+    r.hset(f"ep:{ep}", "hb", time.time() - 3600)
+    assert reap()["offline"] == 1
+    assert r.sismember(registry.ALL_ENDPOINTS, ep)  # scanned once, indexed again
+    assert ep in registry.cached_endpoint_ids()
+
+
 def test_dead_lettered_packs_fail_their_tasks_with_the_reason(api, submitted):
     from lambdas.core import deps
     from lambdas.reaper import reap
