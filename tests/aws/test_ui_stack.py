@@ -101,7 +101,8 @@ def test_ui_role_has_no_data_permissions(service):
 
 def test_ui_function_alarms_and_its_url_is_an_output(service):
     lid, _ = function(service, "skyfn-ci-ui")
-    alarms = [p for p in props(service, "AWS::CloudWatch::Alarm") if {"Ref": lid} in [d["Value"] for d in p["Dimensions"]]]
+    alarms = [p for p in props(service, "AWS::CloudWatch::Alarm")
+              if {"Ref": lid} in [d["Value"] for d in p["Dimensions"]]]
     assert {a["MetricName"] for a in alarms} == {"Errors", "Throttles"}
     (url,) = [v for k, v in service["Outputs"].items() if k.startswith("StatusPageUrl")]
     assert "/ui/" in json.dumps(url["Value"])
