@@ -51,9 +51,14 @@ def watch(client, ids: list[str], since: Optional[str] = None, endpoint: Optiona
     feed = None
     interrupted = False
     try:
-        feed = Feed(client, tally, sel.cursor, interval=interval, push=push)
+        if not tally.done:
+            feed = Feed(client, tally, sel.cursor, interval=interval, push=push)
+        if not tty:
+            endpoints = len(set(sel.endpoints.values()))
+            print(f"watching {tally.total} task{'s' if tally.total != 1 else ''} on {endpoints} "
+                  f"endpoint{'s' if endpoints != 1 else ''} ({_how(feed, interval)})", file=out, flush=True)
         if tty:
-            _live(tally, feed, out, LONG_POLL_S)
+            _live(tally, feed, out, LONG_POLL_S, interval)
         else:
             _plain(tally, feed, out)
     except KeyboardInterrupt:
@@ -71,18 +76,24 @@ def watch(client, ids: list[str], since: Optional[str] = None, endpoint: Optiona
     return INTERRUPTED if interrupted else exit_code(snap)
 
 
-def _live(tally: Tally, feed, out: IO[str], poll: float) -> None:
+def _how(feed: Optional[Feed], interval: float) -> str:
+    if feed is None:
+        return "all final already"
+    return "results pushed" if feed.mode == "push" else f"polling, {interval:g} s apart at least"
+
+
+def _live(tally: Tally, feed: Optional[Feed], out: IO[str], poll: float, interval: float) -> None:
     from rich.console import Console
     from rich.live import Live
 
-    board = Board(tally, note=lambda: f" ({'pushed' if feed.mode == 'push' else 'polling'})")
+    board = Board(tally, note=lambda: f" ({_how(feed, interval)})")
     with Live(board, console=Console(file=out), refresh_per_second=4, transient=False) as live:
         while not tally.done:
             feed.wait(poll)
         live.refresh()
 
 
-def _plain(tally: Tally, feed, out: IO[str]) -> None:
+def _plain(tally: Tally, feed: Optional[Feed], out: IO[str]) -> None:
     shown, printed = None, 0.0
     while True:
         now = time.monotonic()

@@ -83,7 +83,10 @@ def test_all_succeeded_exits_0_with_ids_from_stdin(client, endpoint_id, how):
     ids = submit(client, endpoint_id, nap, [0.05] * 60)
     out = cli("-f", "-", *(["--no-push"] if how == "poll" else []), stdin="\n".join(ids))
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1].startswith("60 tasks, all succeeded: 60 SUCCEEDED (")
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == ("watching 60 tasks on 1 endpoint (results pushed)" if how == "push" else
+                        "watching 60 tasks on 1 endpoint (polling, 1 s apart at least)")
+    assert lines[-1].startswith("60 tasks, all succeeded: 60 SUCCEEDED (")
     assert "last failures" not in out.stdout
 
 
@@ -105,6 +108,8 @@ def test_once_json_while_the_batch_runs_then_watch_to_the_end(client, endpoint_i
 
     code, snap, _ = once_json(*ids)
     assert code == 0 and snap["succeeded"] == 12 and snap["done"]
+    out = cli(*ids)  # nothing left to wait for
+    assert out.returncode == 0 and out.stdout.splitlines()[0] == "watching 12 tasks on 1 endpoint (all final already)"
 
 
 def test_since_and_endpoint_select_exactly_the_new_tasks(client, endpoint_id):
@@ -157,6 +162,29 @@ def test_the_long_poll_does_not_hammer_the_api(client, endpoint_id):
     assert Counting.calls <= 2 + took / 1.0, (Counting.calls, took)
 
 
+def test_a_lost_push_connection_falls_back_to_the_long_poll(client, endpoint_id):
+    """The feed itself, in process: its WebSocket connection dropped mid-batch (as a network
+    fault does), it long-polls from where the pushes got to and misses nothing."""
+    from skyfn.watch.feed import Feed, apply
+    from skyfn.watch.selection import select as select_tasks
+    from skyfn.watch.tally import Tally
+
+    ids = submit(client, endpoint_id, odd_job, range(150))  # 15 raise; about 2.5 s on 2 workers
+    sel = select_tasks(client, ids, None, None)
+    tally = Tally(sel.endpoints, sel.origin)
+    apply(tally, sel.statuses, None)
+    feed = Feed(client, tally, sel.cursor, interval=0.5)
+    assert feed.mode == "push" and not tally.done
+    feed.channel.kill()
+    deadline = time.monotonic() + 120
+    while not tally.done and time.monotonic() < deadline:
+        feed.wait(1.0)
+    feed.close()
+    snap = tally.snapshot(time.time())
+    assert feed.mode == "poll"
+    assert (snap["succeeded"], snap["failed"], snap["done"]) == (135, 15, True)
+
+
 def test_a_terminal_gets_the_live_board(client, endpoint_id):
     ids = submit(client, endpoint_id, odd_job, range(40))
     pid, fd = pty.fork()
@@ -188,7 +216,8 @@ def test_ctrl_c_stops_cleanly(client, endpoint_id):
     proc = subprocess.Popen([*SKYFN, *ids], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ))
     try:
-        first = proc.stdout.readline()  # the first plain line: the watch is under way
+        assert proc.stdout.readline().startswith("watching 6 tasks on 1 endpoint (")
+        first = proc.stdout.readline()  # the first progress line: the watch is under way
         assert " finished (" in first, proc.stderr.read()
         proc.send_signal(signal.SIGINT)
         rest, err = proc.communicate(timeout=60)
