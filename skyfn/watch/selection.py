@@ -140,7 +140,8 @@ def _first_read(client, ids: list[str]) -> tuple[dict[str, dict], Optional[str]]
         statuses.update(answer.get("tasks") or {})
         unknown += answer.get("unknown") or []
         cursors.append(answer.get("cursor"))
-    unknown += [tid for tid in ids if tid not in statuses and tid not in unknown]
+    named = set(unknown)
+    unknown += [tid for tid in ids if tid not in statuses and tid not in named]
     if unknown:
         raise WatchError(_unknown_message(unknown))
     cursors = [c for c in cursors if c]
