@@ -53,13 +53,12 @@ def watch(client, ids: list[str], since: Optional[str] = None, endpoint: Optiona
     try:
         if not tally.done:
             feed = Feed(client, tally, sel.cursor, interval=interval, push=push)
-        if not tty:
-            endpoints = len(set(sel.endpoints.values()))
-            print(f"watching {tally.total} task{'s' if tally.total != 1 else ''} on {endpoints} "
-                  f"endpoint{'s' if endpoints != 1 else ''} ({_how(feed, interval)})", file=out, flush=True)
         if tty:
             _live(tally, feed, out, LONG_POLL_S, interval)
         else:
+            endpoints = len(set(sel.endpoints.values()))
+            print(f"watching {tally.total} task{'s' if tally.total != 1 else ''} on {endpoints} "
+                  f"endpoint{'s' if endpoints != 1 else ''} ({_how(feed, interval)})", file=out, flush=True)
             _plain(tally, feed, out)
     except KeyboardInterrupt:
         interrupted = True
