@@ -196,7 +196,8 @@ def submit_tasks(body: Annotated[SubmitTasks, Body()]):
 
 @app.post("/tasks/status", responses={**_ok(200, StatusResponse), **_errors(401, 422)})
 def task_status(body: Annotated[StatusRequest, Body()]):
-    return _json(200, tasks.status(_user(), body.task_ids, body.wait, body.include_events, body.cursor))
+    return _json(200, tasks.status(_user(), body.task_ids, body.wait, body.include_events, body.cursor,
+                                   peek=body.peek, results=body.results))
 
 
 @app.get("/tasks", responses={**_ok(200, TaskList), **_errors(401, 422)})

@@ -9,8 +9,10 @@ its gateway (infra/local/push_hub.py).
   Endpoint credentials are refused: results are their submitters' alone. Tokens are
   never logged.
 - ``handler``: $connect records the connection under its user in the connection table
-  (SKYFN_CONNECTION_TABLE, TTL attribute ``expires``); ``subscribe`` marks it subscribed and
-  answers (route response) with the user's completion-stream cursor; $disconnect deletes
+  (SKYFN_CONNECTION_TABLE, TTL attribute ``expires``); ``subscribe`` marks it subscribed
+  (``"peek": true``: an observer, stored as the item's ``peek``, whose deliveries do not
+  count as results retrieved) and answers (route response) with the user's
+  completion-stream cursor; $disconnect deletes
   it; anything else gets an error message. lambdas/core/push.py posts to subscribed
   connections from the results function.
 """
@@ -23,6 +25,7 @@ from typing import Any
 from aws_lambda_powertools import Logger
 
 from lambdas.auth import GATEWAY_PROVIDERS, Unauthorized, authenticate
+from skyfn.protocol.push import subscribe_peek
 
 logger = Logger(service="skyfn-ws")
 
@@ -57,6 +60,15 @@ def _user(token: str) -> str:
     return identity.user
 
 
+def _body(event: dict) -> dict:
+    """The message a route was selected for (its JSON body; {} if it is not an object)."""
+    try:
+        msg = json.loads(event.get("body") or "{}")
+    except ValueError:
+        return {}
+    return msg if isinstance(msg, dict) else {}
+
+
 def authorizer(event: dict, context: Any) -> dict:
     try:
         user = _user(_token(event))
@@ -86,7 +98,11 @@ def handler(event: dict, context: Any) -> dict:
         push.forget(owner, connection_id)
         return {"statusCode": 200}
     if route == "subscribe":
-        push.remember(owner, connection_id, subscribed=True)
+        try:
+            peek = subscribe_peek(_body(event))
+        except ValueError as exc:
+            return {"statusCode": 200, "body": json.dumps({"type": "error", "message": str(exc)})}
+        push.remember(owner, connection_id, subscribed=True, peek=peek)
         cursor = deps.store().done_cursor(owner)
         return {"statusCode": 200, "body": json.dumps({"type": "subscribed", "cursor": cursor})}
     return {"statusCode": 200, "body": json.dumps(

@@ -26,6 +26,7 @@ _LAZY = {
     "TaskFailed": "skyfn.protocol.errors",
     "TaskCancelled": "skyfn.protocol.errors",
     "TaskTimedOut": "skyfn.protocol.errors",
+    "ResultExpired": "skyfn.protocol.errors",
     "RemoteExecutionError": "skyfn.protocol.errors",
     "SerializationError": "skyfn.protocol.errors",
     "DeserializationError": "skyfn.protocol.errors",

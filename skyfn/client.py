@@ -18,6 +18,7 @@ from skyfn.http import HttpClient, SkyfnAPIError, SkyfnConnectionError, TaskNotF
 from skyfn.protocol import blobs
 from skyfn.protocol.limits import MAX_STATUS_IDS, MAX_WAIT_SECONDS  # not .api: no pydantic models to build
 from skyfn.protocol.errors import (
+    ResultExpired,
     SkyfnError,
     TaskCancelled,
     TaskFailed,
@@ -46,7 +47,8 @@ class EndpointNotFound(SkyfnError, LookupError):
 
 
 def task_outcome(task_id: str, st: dict) -> tuple[bool, Any]:
-    """(True, value) for SUCCEEDED; (False, exception) for every other final state.
+    """(True, value) for SUCCEEDED; (False, exception) for every other final state, and for
+    a SUCCEEDED task whose result the service no longer keeps (ResultExpired: never None).
 
     FAILED with an ``error`` buffer rebuilds the function's own exception (remote traceback
     attached); CANCELLED / TIMED_OUT / other failures become TaskCancelled / TaskTimedOut /
@@ -55,6 +57,9 @@ def task_outcome(task_id: str, st: dict) -> tuple[bool, Any]:
     state = st.get("state")
     try:
         if state == "SUCCEEDED":
+            gone = st.get("result_expired")
+            if gone:
+                return False, ResultExpired(task_id, gone.get("finished"), gone["result_ttl"], gone["unretrieved_ttl"])
             result = st.get("result")
             if blobs.is_ref(result) and st.get("result_url"):  # a large result, kept in S3
                 result = blobs.download(st["result_url"])
@@ -288,16 +293,26 @@ class Client:
             raise
 
     def status(
-        self, task_ids: list[str], wait: float = 0.0, include_events: bool = False, cursor: Optional[str] = None
+        self, task_ids: list[str], wait: float = 0.0, include_events: bool = False, cursor: Optional[str] = None,
+        *, peek: bool = False, results: bool = True,
     ) -> dict:
         """One POST /tasks/status call (at most MAX_STATUS_IDS ids): the raw answer,
         ``{"tasks": {id: TaskStatus}, "unknown": [...], "cursor": ...}``. With the
-        ``cursor`` of a previous answer, only tasks finished since then are returned."""
+        ``cursor`` of a previous answer, only tasks finished since then are returned.
+
+        A read counts as retrieving the finished tasks' results: the service drops them
+        SKYFN_RESULT_TTL (600 s) later. ``peek=True`` only observes (the results stay
+        until they are read for real); ``results=False`` leaves result, stdout and stderr
+        out of the answer (states, errors and reasons only)."""
         body: dict[str, Any] = {"task_ids": task_ids, "wait": float(wait)}
         if include_events:
             body["include_events"] = True
         if cursor:
             body["cursor"] = cursor
+        if peek:
+            body["peek"] = True
+        if not results:
+            body["results"] = False
         return self._http.post("/tasks/status", body, timeout=wait + _POLL_MARGIN)
 
     def get_result(self, task_id: str, timeout: Optional[float] = None) -> Any:
@@ -305,7 +320,7 @@ class Client:
 
         Long-polls POST /tasks/status. Raises the function's own exception (with the
         remote traceback attached), TaskCancelled / TaskTimedOut / TaskFailed, TaskNotFound,
-        or TimeoutError if it is not final within ``timeout`` seconds (None: wait forever).
+        ResultExpired (it succeeded, but its result is no longer kept), or TimeoutError if it is not final within ``timeout`` seconds (None: wait forever).
         """
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         while True:
@@ -339,7 +354,7 @@ class Client:
     def get_batch_result(self, task_ids: Iterable[str], wait: float = 0.0) -> dict[str, dict]:
         """Status of many tasks at once, like Globus Compute's: for each id a dict with
         ``pending`` (bool), ``state`` (also as ``status``) and, when final, ``result`` or
-        ``exception``. ``wait`` long-polls until at least one of them is final."""
+        ``exception`` (ResultExpired for a success whose result is no longer kept). ``wait`` long-polls until at least one of them is final."""
         ids = list(dict.fromkeys(task_ids))
         out: dict[str, dict] = {}
         for i in range(0, len(ids), MAX_STATUS_IDS):

@@ -3,8 +3,9 @@ Executor's one background thread drives itself (no thread of its own: the framin
 Sans-I/O protocol of the ``websockets`` library over a plain socket, so the Executor waits
 on this socket and its wake-up pipe with one ``select``).
 
-``PushChannel.connect()`` opens the connection with the REST API's token, subscribes and
-returns the subscription cursor; ``read()`` returns the messages that arrived (None once
+``PushChannel.connect()`` opens the connection with the REST API's token, subscribes (with
+``peek``, as an observer whose deliveries do not count as results retrieved) and returns
+the subscription cursor; ``read()`` returns the messages that arrived (None once
 the connection is gone). ``follow(cursor, message)`` is the cursor bookkeeping that tells
 a contiguous push from a gap.
 
@@ -55,10 +56,11 @@ def follow(cursor: Optional[str], prev: str, new: str) -> tuple[Optional[str], b
 class PushChannel:
     """One subscribed WebSocket connection to the service's results push."""
 
-    def __init__(self, url: str, token: str, timeout: float = 5.0):
+    def __init__(self, url: str, token: str, timeout: float = 5.0, peek: bool = False):
         self.url = url
         self._token = token
         self.timeout = timeout
+        self.peek = peek  # an observer: pushes delivered here do not count as results retrieved
         self.sock: Optional[socket.socket] = None
         self._proto = None
         self._partial: list[bytes] = []
@@ -96,7 +98,7 @@ class PushChannel:
                                       f"({status or type(exc).__name__})", status)
             if any(isinstance(e, Response) for e in events):
                 break
-        self.send({"action": "subscribe"})
+        self.send({"action": "subscribe", "peek": True} if self.peek else {"action": "subscribe"})
         while True:
             for msg in self._messages(self._receive(deadline)):
                 if msg.get("type") == "subscribed":

@@ -6,13 +6,16 @@ WebSocket API): the local gateway hands it every ``GET /ws`` upgrade request.
   a bad or missing token gets HTTP 401 and no connection. Endpoint credentials are refused
   (results are their submitter's alone).
 - ``{"action": "subscribe"}``: the connection joins its user's listeners and is answered
-  ``{"type": "subscribed", "cursor": C}`` with the user's completion-stream position.
+  ``{"type": "subscribed", "cursor": C}`` with the user's completion-stream position;
+  with ``"peek": true`` it is an observer (the status page, `skyfn task watch`): the same
+  pushes, but deliveries to it never count as results retrieved.
 - disconnect: the connection leaves.
 
 Pushes come from the results path (lambdas/core/push.py) as Redis PUBLISH on
 ``push:<owner>``; one pub/sub thread fans them out to the owner's subscribed connections
-and marks results handed over inside a push as retrieved. A pub/sub connection lost
-(Redis restarted) closes every WebSocket connection: clients reconnect and catch up.
+and marks results handed over inside a push as retrieved when at least one of them was not
+a peek connection. A pub/sub connection lost (Redis restarted) closes every WebSocket
+connection: clients reconnect and catch up.
 
 Each connection runs in its gateway thread, framing with the Sans-I/O protocol of the
 ``websockets`` library; sends from the fan-out thread are serialized per connection and
@@ -28,7 +31,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from skyfn.protocol.push import CHANNEL_PREFIX
+from skyfn.protocol.push import CHANNEL_PREFIX, subscribe_peek
 
 log = logging.getLogger("skyfn.local.push")
 
@@ -64,6 +67,7 @@ class Connection:
         self.proto = Protocol(Side.SERVER, max_size=MAX_CLIENT_MESSAGE)
         self.lock = threading.Lock()
         self.subscribed = False
+        self.peek = False
         self.closed = False
         self.sent = 0
 
@@ -165,7 +169,12 @@ class Connection:
         except ValueError:
             action = None
         if action == "subscribe":
-            self.hub.subscribe(self)
+            try:
+                peek = subscribe_peek(msg)
+            except ValueError as exc:
+                self.send(json.dumps({"type": "error", "message": str(exc)}))
+                return
+            self.hub.subscribe(self, peek)
         elif action == "ping":
             self.send(b'{"type":"pong"}')
         else:
@@ -215,7 +224,7 @@ class PushHub:
             self.stats["connections"] += 1
         return conn
 
-    def subscribe(self, conn: Connection) -> None:
+    def subscribe(self, conn: Connection, peek: bool = False) -> None:
         # Only with the pub/sub subscription active: what a 'subscribed' answer promises
         # (every entry after its cursor) needs it.
         if not self._ready.wait(SUBSCRIBE_WAIT_S):
@@ -228,6 +237,7 @@ class PushHub:
             with self._lock:
                 self._by_owner.setdefault(conn.owner, set()).add(conn)
             conn.subscribed = True
+            conn.peek = peek
             last = self._redis.xrevrange(f"done:{conn.owner}", count=1)
             cursor = last[0][0].decode() if last else "0-0"
             conn.send_locked(json.dumps({"type": "subscribed", "cursor": cursor}))  # before any push
@@ -279,14 +289,14 @@ class PushHub:
     def _deliver(self, owner: str, body: bytes) -> None:
         conns = self.connections(owner)
         self.stats["messages"] += 1
-        delivered = False
+        handed_over = False
         for conn in conns:
             if conn.subscribed and conn.send(body):
-                delivered = True
+                handed_over = handed_over or not conn.peek
                 self.stats["pushed"] += 1
             elif conn.closed:
                 self.leave(conn)
-        if delivered:
+        if handed_over:  # observers alone (peek) consume nothing
             self._mark_handed_over(body)
 
     def _mark_handed_over(self, body: bytes) -> None:

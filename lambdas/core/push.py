@@ -7,9 +7,10 @@ SKYFN_PUSH:
 - ``redis`` (the embedded runtime's default): PUBLISH on ``push:<owner>``; the local
   gateway's hub (infra/local/push_hub.py) fans the message out to the owner's connections;
 - ``apigw`` (AWS): the owner's subscribed connections from the connection table
-  (SKYFN_CONNECTION_TABLE: owner, connection_id, subscribed, expires = TTL) and the API
+  (SKYFN_CONNECTION_TABLE: owner, connection_id, subscribed, peek, expires = TTL) and the API
   Gateway Management API's PostToConnection (SKYFN_WS_ENDPOINT, the stage's https URL);
-  connections that are gone are deleted; results handed over are marked retrieved;
+  connections that are gone are deleted; results handed over to a connection subscribed
+  without peek are marked retrieved (observers such as the status page consume nothing);
 - ``off``: nothing is pushed (clients long-poll).
 
 Pushing is best effort: a failure is logged and counted, never fails the results batch.
@@ -106,13 +107,15 @@ def _management():
     return boto3.client("apigatewaymanagementapi", endpoint_url=os.environ["SKYFN_WS_ENDPOINT"])
 
 
-def connections(owner: str) -> list[str]:
+def connections(owner: str) -> list[tuple[str, bool]]:
+    """The owner's subscribed connections: (connection id, peek)."""
     from boto3.dynamodb.conditions import Key
 
     items = _table().query(KeyConditionExpression=Key("owner").eq(owner),
-                           ProjectionExpression="connection_id, subscribed, expires")["Items"]
+                           ProjectionExpression="connection_id, subscribed, peek, expires")["Items"]
     now = time.time()
-    return [i["connection_id"] for i in items if i.get("subscribed") and float(i.get("expires", 0)) > now]
+    return [(i["connection_id"], bool(i.get("peek"))) for i in items
+            if i.get("subscribed") and float(i.get("expires", 0)) > now]
 
 
 def _post(msgs: list[tuple[str, bytes, list[str]]]) -> int:
@@ -120,23 +123,23 @@ def _post(msgs: list[tuple[str, bytes, list[str]]]) -> int:
 
     client, sent, handed = _management(), 0, []
     for owner, body, inline in msgs:
-        delivered = False
-        for cid in connections(owner):
+        handed_over = False
+        for cid, peek in connections(owner):
             try:
                 client.post_to_connection(ConnectionId=cid, Data=body)
                 sent += 1
-                delivered = True
+                handed_over = handed_over or not peek
             except client.exceptions.GoneException:
                 forget(owner, cid)
-        if delivered:
+        if handed_over:  # observers alone (peek) consume nothing
             handed.extend(inline)
     deps.store().mark_retrieved(handed)
     return sent
 
 
-def remember(owner: str, connection_id: str, subscribed: bool = False) -> None:
+def remember(owner: str, connection_id: str, subscribed: bool = False, peek: bool = False) -> None:
     _table().put_item(Item={"owner": owner, "connection_id": connection_id, "subscribed": subscribed,
-                            "expires": int(time.time()) + CONNECTION_TTL_S})
+                            "peek": peek, "expires": int(time.time()) + CONNECTION_TTL_S})
 
 
 def forget(owner: str, connection_id: str) -> None:

@@ -8,12 +8,15 @@ the hot path through the history outbox.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from aws_lambda_powertools import Logger
 
+from lambdas.adapters.redis_store import TaskRow
+from lambdas.config import settings
 from lambdas.core import allowlist, blobs, deps, groups, idempotency, memo, push, registry
 from lambdas.core.errors import Conflict, NotFound, Unavailable
 from lambdas.core.ids import is_uuid, keyed_ids, new_id, new_ids
@@ -183,9 +186,25 @@ def _pack(endpoint_id: str, tasks: list[dict[str, Any]], fns: dict[str, str], fu
     return orjson.dumps(pack)
 
 
-def _status_dict(row) -> dict[str, Any]:
+@dataclass
+class HistoryRow(TaskRow):
+    """A task purged from the hot store, as the durable history tells it: without its
+    result (the history keeps none), and when it finished."""
+    finished: float | None = None
+
+
+def result_expired(row: TaskRow) -> dict[str, Any] | None:
+    """A SUCCEEDED task read from the history has lost its result: say so (ExpiredResult),
+    with the retention that applied, rather than answer it without one."""
+    if not isinstance(row, HistoryRow) or row.state != "SUCCEEDED":
+        return None
+    s = settings()
+    return {"finished": row.finished, "result_ttl": s.result_ttl, "unretrieved_ttl": s.unretrieved_ttl}
+
+
+def _status_dict(row, results: bool = True) -> dict[str, Any]:
     d: dict[str, Any] = {"task_id": row.task_id, "state": row.state, "retries": row.retries}
-    if row.result is not None:
+    if results and row.result is not None:
         d["result"] = row.result
         if row.result.startswith(BLOB_HEADER):
             d["result_url"] = blobs.result_url(row.result)
@@ -195,53 +214,63 @@ def _status_dict(row) -> dict[str, Any]:
         d["reason"] = row.reason
     if row.events is not None:
         d["events"] = row.events
-    if row.stdout is not None:
+    if results and row.stdout is not None:
         d["stdout"] = row.stdout
-    if row.stderr is not None:
+    if results and row.stderr is not None:
         d["stderr"] = row.stderr
+    expired = result_expired(row)
+    if expired is not None:
+        d["result_expired"] = expired
     return d
 
 
 def status(owner: str, task_ids: list[str], wait: float, include_events: bool,
-           cursor: str | None = None) -> dict[str, Any]:
+           cursor: str | None = None, peek: bool = False, results: bool = True) -> dict[str, Any]:
     """Status of many tasks; with wait > 0, long-poll until at least one is final.
 
     Without a cursor every id is read and answered. With the cursor of a previous answer
     only the tasks that finished since then are read and returned, so a client polling for
     thousands of outstanding tasks costs the service O(finished), not O(outstanding).
+    A read marks the final tasks' results retrieved (purged result_ttl later) unless it
+    only `peek`s; without `results` the answer leaves out what the functions produced.
     """
     store = deps.store()
     ids = list(dict.fromkeys(task_ids))
     deadline = time.monotonic() + wait
     rows: dict[str, Any] = {}
     unknown: list[str] = []
+
+    def read(some: list[str]) -> dict[str, Any]:
+        return store.status(owner, some, include_events, mark_retrieved=not peek)
+
+    def answer() -> dict[str, Any]:
+        return {"tasks": {tid: _status_dict(row, results) for tid, row in rows.items() if row is not None},
+                "unknown": unknown, "cursor": cursor}
+
     if cursor is None or not store.cursor_valid(owner, cursor):
         cursor = store.done_cursor(owner)  # taken before the read: nothing finishing later is missed
-        rows = store.status(owner, ids, include_events)
+        rows = read(ids)
         unknown = _from_history(owner, rows, include_events)
         known_final = any(r is not None and r.state in FINAL_STATES for r in rows.values())
         if known_final or wait <= 0 or len(unknown) == len(ids):
-            return _answer(rows, unknown, cursor)
+            return answer()
     else:
         cursor, done = store.done_since(owner, cursor)
         changed = [tid for tid in ids if tid in done]
         if changed or wait <= 0:
-            return _answer(store.status(owner, changed, include_events), unknown, cursor)
+            rows = read(changed)
+            unknown = _from_history(owner, rows, include_events)  # purged since: answered, never dropped
+            return answer()
     wanted = set(ids)
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return _answer(rows, unknown, cursor)
+            return answer()
         cursor, done = store.wait_done(owner, cursor, min(remaining, 5.0))
         changed = [tid for tid in done if tid in wanted]
         if changed:
-            rows.update(store.status(owner, changed, include_events))
-            return _answer(rows, unknown, cursor)
-
-
-def _answer(rows: dict[str, Any], unknown: list[str], cursor: str) -> dict[str, Any]:
-    return {"tasks": {tid: _status_dict(row) for tid, row in rows.items() if row is not None},
-            "unknown": unknown, "cursor": cursor}
+            rows.update(read(changed))
+            return answer()
 
 
 def _from_history(owner: str, rows: dict[str, Any], include_events: bool) -> list[str]:
@@ -254,11 +283,11 @@ def _from_history(owner: str, rows: dict[str, Any], include_events: bool) -> lis
     return [tid for tid, row in rows.items() if row is None]
 
 
-def _history_row(hist: dict[str, Any], include_events: bool):
-    from lambdas.adapters.redis_store import TaskRow
-
-    return TaskRow(hist["task_id"], hist["state"], None, hist.get("error"), hist.get("reason"),
-                   int(hist.get("retries", 0)), parse_events(hist.get("events")) if include_events else None)
+def _history_row(hist: dict[str, Any], include_events: bool) -> HistoryRow:
+    events = parse_events(hist.get("events"))
+    finished = next((ts for state, ts in reversed(events) if state in FINAL_STATES), None)
+    return HistoryRow(hist["task_id"], hist["state"], None, hist.get("error"), hist.get("reason"),
+                      int(hist.get("retries", 0)), events if include_events else None, finished=finished)
 
 
 def get(owner: str, task_id: str) -> TaskInfo:
@@ -268,8 +297,9 @@ def get(owner: str, task_id: str) -> TaskInfo:
         hist = deps.dynamo().get_task(task_id) if is_uuid(task_id) else None
         if not hist or hist.get("owner") != owner:
             raise NotFound(f"task {task_id} not found")
+        row = _history_row(hist, True)
         return TaskInfo(task_id=task_id, state=hist["state"], error=hist.get("error"), reason=hist.get("reason"),
-                        retries=int(hist.get("retries", 0)), events=parse_events(hist.get("events")),
+                        retries=int(hist.get("retries", 0)), events=row.events, result_expired=result_expired(row),
                         function_id=hist["function_id"], endpoint_id=hist["endpoint_id"],
                         submission_id=hist["submission_id"], owner=owner, created=float(hist["created"]))
     if rec["s"] in FINAL_STATES:

@@ -121,7 +121,9 @@ function connect() {
   url.searchParams.set("token", ui.token);
   const ws = new WebSocket(url.href);
   ui.ws = ws;
-  ws.onopen = () => ws.send(JSON.stringify({ action: "subscribe" }));
+  // peek: the page only shows states, so pushes delivered here never count as results
+  // retrieved (they stay for whoever collects them); its GET /tasks refresh reads none
+  ws.onopen = () => ws.send(JSON.stringify({ action: "subscribe", peek: true }));
   ws.onmessage = (ev) => {
     const msg = JSON.parse(ev.data);
     if (msg.type === "subscribed") { $("live").textContent = "live"; $("live").className = "live on"; return; }

@@ -187,6 +187,11 @@ class StatusRequest(_Body):
     include_events: StrictBool = False  # 0/1 are not booleans: the schema says boolean
     cursor: Optional[str] = Field(default=None, pattern=r"^[0-9]{1,20}-[0-9]{1,20}$",
                                   description="from the previous answer: only tasks finished since then are returned")
+    peek: StrictBool = Field(default=False, description="observe only: finished tasks are not marked retrieved, so "
+                                                        "their results' purge clock (SKYFN_RESULT_TTL) does not start")
+    results: StrictBool = Field(default=True, description="false: leave out what the functions produced (result, "
+                                                          "result_url, stdout, stderr); states, errors and reasons "
+                                                          "stay (for observers that show states)")
 
 
 class TaskListItem(BaseModel):
@@ -207,6 +212,16 @@ class TaskList(BaseModel):
     since: float
 
 
+class ExpiredResult(BaseModel):
+    """Why a SUCCEEDED task comes without its result: the hot store purged it and the
+    durable history keeps no results. Results are kept `result_ttl` seconds after they are
+    first read (a status read without peek, GET /tasks/{id}, a push delivered to a
+    connection subscribed without peek), `unretrieved_ttl` seconds when never read."""
+    finished: Optional[float] = Field(default=None, description="when the task finished (epoch seconds)")
+    result_ttl: float = Field(description="seconds a result is kept after it is first read (SKYFN_RESULT_TTL)")
+    unretrieved_ttl: float = Field(description="seconds a result never read is kept (SKYFN_UNRETRIEVED_TTL)")
+
+
 class TaskStatus(BaseModel):
     task_id: str
     state: str
@@ -219,6 +234,8 @@ class TaskStatus(BaseModel):
     stderr: Optional[str] = Field(default=None, description="captured standard error (capped)")
     result_url: Optional[str] = Field(default=None, description="a large result is in S3: presigned GET URL "
                                                                 "of the buffer (skyfn.protocol.blobs)")
+    result_expired: Optional[ExpiredResult] = Field(default=None, description="SUCCEEDED, but the result is no "
+                                                                            "longer kept (never a silent null)")
 
 
 class StatusResponse(BaseModel):

@@ -33,6 +33,50 @@ class TaskTimedOut(TaskFailed):
     pass
 
 
+class ResultExpired(SkyfnError, LookupError):
+    """A task SUCCEEDED but the service no longer keeps its result (TaskStatus.result_expired):
+    raised instead of returning None, which would read as the function's answer."""
+
+    def __init__(self, task_id: str, finished: float | None, result_ttl: float, unretrieved_ttl: float):
+        self.task_id = task_id
+        self.finished = finished
+        self.result_ttl = result_ttl
+        self.unretrieved_ttl = unretrieved_ttl
+        super().__init__(
+            f"task {task_id} SUCCEEDED{_when(finished)}, but its result is no longer kept: the service keeps a "
+            f"result SKYFN_RESULT_TTL={_span(result_ttl)} after it is first read (a status read, get_result, "
+            f"an Executor future, or a push delivered to one of your connections), or "
+            f"SKYFN_UNRETRIEVED_TTL={_span(unretrieved_ttl)} if it is never read. Collect results sooner after they finish, or have the function return large "
+            "or long-lived results by reference (skyfn.data.default_store().ref(value, ttl=...), or S3) and "
+            "keep the ref.")
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return ""
+    import time
+
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
+    return f" at {stamp} ({_age(time.time() - ts)} ago)"
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{max(0.0, seconds):.0f} s"
+
+
+def _span(seconds: float) -> str:
+    """600 -> '600 s (10 min)'; whole days and hours spelled out too."""
+    s = f"{seconds:g} s"
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            n = int(seconds // size)
+            return f"{s} ({n} {'day' if unit == 'days' and n == 1 else unit})"
+    return s
+
+
 class RemoteExecutionError(SkyfnError):
     """Stands in for a remote exception whose class could not be rebuilt here."""
 

@@ -3,9 +3,13 @@
 Connect with the REST API's token (``Authorization: Bearer <token>`` header, or the
 ``token`` query parameter for browsers, which cannot set headers on a WebSocket), then:
 
-client -> service   ``{"action": "subscribe"}``
+client -> service   ``{"action": "subscribe"}`` or ``{"action": "subscribe", "peek": true}``
 service -> client   ``{"type": "subscribed", "cursor": C}``: C is the owner's completion
                     stream position at subscription time; every completion after C is pushed.
+                    Results inside a push delivered to a connection subscribed without peek
+                    count as retrieved (the service drops them SKYFN_RESULT_TTL later); a peek
+                    connection (the status page, `skyfn task watch`) gets the same pushes
+                    and consumes nothing.
 service -> client   ``{"type": "done", "prev": P, "cursor": C, "ids": [...], "tasks": [...]}``:
                     one entry of the owner's completion stream (the ids that became final
                     together), with the status of those whose result is small (``tasks``:
@@ -29,6 +33,14 @@ INLINE_RESULT_BYTES = 8 << 10
 # API Gateway WebSocket messages are at most 128 KiB: stay below with the ids and framing.
 MAX_MESSAGE_BYTES = 120 << 10
 CHANNEL_PREFIX = "push:"  # the embedded runtime's Redis pub/sub channel of an owner
+
+
+def subscribe_peek(msg: dict[str, Any]) -> bool:
+    """The ``peek`` of a subscribe message (absent: False); ValueError if it is not a boolean."""
+    peek = msg.get("peek", False)
+    if not isinstance(peek, bool):
+        raise ValueError('"peek" must be true or false')
+    return peek
 
 
 def cursor_key(cursor: str | None) -> tuple[int, int]:

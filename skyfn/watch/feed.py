@@ -10,6 +10,10 @@ to a Tally, without hammering the API.
 - Either way, a full read of the tasks not final yet every few seconds (more for large
   batches): QUEUED -> DISPATCHED -> RUNNING is not pushed, and the cursor tells only of
   completions.
+
+Watching consumes nothing: every status read peeks without results and the push
+subscription is a peek one, so the results stay for whoever collects them (the service
+starts their SKYFN_RESULT_TTL clock only when they are read for real).
 """
 from __future__ import annotations
 
@@ -97,7 +101,7 @@ class Feed:
         except ImportError:  # no websockets library: poll
             return
         url = os.environ.get("SKYFN_WS_URL") or ws_url(self.client.service_url)
-        channel = PushChannel(url, self.client.config.token)
+        channel = PushChannel(url, self.client.config.token, peek=True)
         try:
             pushed_from = channel.connect()
         except (PushUnavailable, OSError) as exc:
@@ -197,7 +201,7 @@ class Feed:
         cursors = []
         for i in range(0, len(ids), MAX_STATUS_IDS):
             answer = self.client.status(ids[i:i + MAX_STATUS_IDS], wait=wait if i == 0 else 0.0,
-                                        include_events=events, cursor=cursor)
+                                        include_events=events, cursor=cursor, peek=True, results=False)
             apply(self.tally, answer.get("tasks") or {}, time.time())
             cursors.append(answer.get("cursor"))
         self._next_call = time.monotonic() + self.interval

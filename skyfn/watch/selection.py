@@ -3,7 +3,7 @@
 Task ids come from the command line, from a file or stdin (one a line), and/or from
 `--since` (your tasks created since then: GET /tasks, as `skyfn report` lists them),
 optionally of one endpoint. The first read is one POST /tasks/status per 20,000 ids with
-the tasks' events; ids the service does not know as yours are refused by name. Each task's
+the tasks' events, a peek without results (watching consumes nothing); ids the service does not know as yours are refused by name. Each task's
 endpoint comes from the GET /tasks listing (POST /tasks/status does not carry it).
 """
 from __future__ import annotations
@@ -136,7 +136,7 @@ def _first_read(client, ids: list[str]) -> tuple[dict[str, dict], Optional[str]]
     unknown: list[str] = []
     cursors = []
     for i in range(0, len(ids), MAX_STATUS_IDS):
-        answer = client.status(ids[i:i + MAX_STATUS_IDS], include_events=True)
+        answer = client.status(ids[i:i + MAX_STATUS_IDS], include_events=True, peek=True, results=False)
         statuses.update(answer.get("tasks") or {})
         unknown += answer.get("unknown") or []
         cursors.append(answer.get("cursor"))
