@@ -1,4 +1,4 @@
-"""The SDK's HTTP transport: one keep-alive ``requests.Session`` with a bearer token,
+"""The SDK's HTTP transport: one keep-alive urllib3 connection pool with a bearer token,
 JSON bodies through orjson, service errors as :class:`SkyfnAPIError`, and bounded
 retries with exponential backoff for calls that are safe to repeat.
 
@@ -10,6 +10,11 @@ By default transient failures are retried for up to ``retry_seconds`` (60 s): lo
 to ride through a restart of the service or of its Redis, so a client never turns an
 outage of a few seconds into failed tasks. An explicit ``retries`` count bounds the
 attempts instead (``retries=2`` gives up after three).
+
+urllib3 rather than a ``requests.Session``: requests re-reads the environment (proxies,
+CA bundle, netrc) and runs its hooks on every call, about half a millisecond each on the
+single-task round trip. The environment is read once here, with the same rules
+(HTTP(S)_PROXY / NO_PROXY, REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE, else certifi's bundle).
 """
 from __future__ import annotations
 
@@ -18,8 +23,7 @@ import time
 from typing import Any, Optional
 
 import orjson
-import requests
-from requests.auth import AuthBase
+import urllib3
 
 from skyfn.protocol.errors import SkyfnError
 
@@ -51,14 +55,33 @@ class SkyfnConnectionError(SkyfnError, ConnectionError):
     """The service could not be reached (after retries)."""
 
 
-class _Bearer(AuthBase):
-    # Setting auth on the session also spares requests a ~/.netrc lookup per request.
-    def __init__(self, token: str):
-        self.header = f"Bearer {token}"
+def _ca_bundle() -> Optional[str]:
+    import os
 
-    def __call__(self, r):
-        r.headers["Authorization"] = self.header
-        return r
+    for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        if os.environ.get(name):
+            return os.environ[name]
+    try:
+        import certifi
+
+        return certifi.where()
+    except ImportError:
+        return None
+
+
+def connection_pool(base_url: str, pool_size: int) -> urllib3.PoolManager:
+    """A pool for `base_url`, through the proxy the environment names for it, if any."""
+    from urllib.parse import urlsplit
+    from urllib.request import getproxies, proxy_bypass
+
+    parts = urlsplit(base_url)
+    kw: dict[str, Any] = {"num_pools": 2, "maxsize": pool_size, "block": False}
+    if parts.scheme == "https":
+        kw["ca_certs"] = _ca_bundle()
+    proxy = getproxies().get(parts.scheme)
+    if proxy and not proxy_bypass(parts.hostname or ""):
+        return urllib3.ProxyManager(proxy, **kw)
+    return urllib3.PoolManager(**kw)
 
 
 class HttpClient:
@@ -83,23 +106,19 @@ class HttpClient:
         self.retry_seconds = max(0.0, float(retry_seconds))
         self.backoff = backoff
         self.max_backoff = max_backoff
-        s = requests.Session()
-        s.auth = _Bearer(token)
-        s.headers.update({"Content-Type": "application/json", "Accept": "application/json", "User-Agent": "skyfn-sdk"})
-        adapter = requests.adapters.HTTPAdapter(pool_connections=2, pool_maxsize=pool_size)
-        s.mount("http://", adapter)
-        s.mount("https://", adapter)
-        self.session = s
+        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json",
+                        "Accept": "application/json", "User-Agent": "skyfn-sdk"}
+        self.pool = connection_pool(self.base_url, pool_size)
 
     def close(self) -> None:
-        self.session.close()
+        self.pool.clear()
 
     # -- errors ---------------------------------------------------------------------
     @staticmethod
-    def _error(resp: requests.Response) -> SkyfnAPIError:
-        code, message, details = f"http_{resp.status_code}", "", None
+    def _error(resp: urllib3.BaseHTTPResponse) -> SkyfnAPIError:
+        code, message, details = f"http_{resp.status}", "", None
         try:
-            body = orjson.loads(resp.content)
+            body = orjson.loads(resp.data)
         except orjson.JSONDecodeError:
             body = None
         if isinstance(body, dict):
@@ -107,10 +126,11 @@ class HttpClient:
             message = str(body.get("message") or body.get("Message") or "")
             details = body.get("details")
         if not message:
-            message = (resp.text or resp.reason or "").strip()[:2000] or f"HTTP {resp.status_code}"
-        return SkyfnAPIError(resp.status_code, code, message, details)
+            text = resp.data.decode("utf-8", "replace") if resp.data else ""
+            message = (text or resp.reason or "").strip()[:2000] or f"HTTP {resp.status}"
+        return SkyfnAPIError(resp.status, code, message, details)
 
-    # -- requests -------------------------------------------------------------------
+    # -- calls ----------------------------------------------------------------------
     def request(
         self,
         method: str,
@@ -135,11 +155,13 @@ class HttpClient:
         give_up = time.monotonic() + (self.retry_seconds if count is None else float("inf"))
         delay = self.backoff
         read_timeout = self.timeout if timeout is None else timeout
+        limits = urllib3.Timeout(connect=CONNECT_TIMEOUT, read=read_timeout)
         last: Exception | None = None
         for attempt in range(attempts):
             try:
-                resp = self.session.request(method, url, data=data, timeout=(CONNECT_TIMEOUT, read_timeout))
-            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as exc:
+                resp = self.pool.request(method, url, body=data, headers=self.headers, timeout=limits, retries=False,
+                                         redirect=False)
+            except (urllib3.exceptions.HTTPError, OSError) as exc:  # connection, timeout, broken stream
                 last = SkyfnConnectionError(
                     f"{method} {path}: cannot reach the skyfn service at {self.base_url} "
                     f"({type(exc).__name__}: {exc}). Is it running? Try `skyfn local status`."
@@ -147,9 +169,9 @@ class HttpClient:
                 last.__cause__ = exc
                 wait_hint = None
             else:
-                status = resp.status_code
+                status = resp.status
                 if status < 400:
-                    content = resp.content
+                    content = resp.data
                     return orjson.loads(content) if content else None
                 err = self._error(resp)
                 if status not in RETRY_STATUSES or not retry:
