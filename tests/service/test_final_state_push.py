@@ -223,3 +223,49 @@ def test_apigw_posts_cancels_and_reaper_failures_to_subscribed_connections(apigw
     assert _posted("conn-idle") == []
     # statuses handed over in a push count as retrieved, as pushed results do
     assert all(store.record(tid).get("rt") for tid in ids)
+
+
+def _subscribe(connection_id: str, message: dict) -> dict:
+    """The subscribe route of lambdas/ws.py as API Gateway invokes it; its answer."""
+    from lambdas import ws
+
+    out = ws.handler({"requestContext": {"routeKey": "subscribe", "connectionId": connection_id,
+                                         "authorizer": {"sub": "alice"}},
+                      "body": json.dumps(message)}, None)
+    assert out["statusCode"] == 200
+    return json.loads(out["body"])
+
+
+def test_apigw_peek_connections_get_the_pushes_without_consuming_results(apigw):
+    """A connection subscribed with peek (the status page, `skyfn task watch`) receives every
+    push, but only a delivery to a connection without peek marks the results retrieved."""
+    from lambdas.core import push
+
+    store = apigw
+    push.remember("alice", "conn-watch")  # $connect, then subscribe with peek
+    assert _subscribe("conn-watch", {"action": "subscribe", "peek": True})["type"] == "subscribed"
+    refused = _subscribe("conn-bad", {"action": "subscribe", "peek": "yes"})
+    assert refused == {"type": "error", "message": '"peek" must be true or false'}
+    assert push.connections("alice") == [("conn-watch", True)]
+
+    now = time.time()
+    ids = [f"task-{i}" for i in range(2)]
+    store.create("alice", "sub", [[tid, "fn", "ep1", "p", 0] for tid in ids], now, now)
+    _, _, _, notices = store.finish([[ids[0], "SUCCEEDED", "json 3.11\n1", None, None, ""]])
+    unread_until = store.r.zscore("purge", ids[0])
+    assert push.notify(notices) == 1
+    (msg,) = _posted("conn-watch")
+    assert msg["tasks"] == [{"task_id": ids[0], "state": "SUCCEEDED", "result": "json 3.11\n1"}]
+    assert "rt" not in store.record(ids[0]) and store.r.zscore("purge", ids[0]) == unread_until
+    assert unread_until == pytest.approx(now + store.unretrieved_ttl, abs=5)
+
+    # the SDK's connection (no peek) joins: the next push is handed over, the first stays unread
+    assert _subscribe("conn-sdk", {"action": "subscribe"})["type"] == "subscribed"
+    _, _, _, notices = store.finish([[ids[1], "SUCCEEDED", "json 3.11\n2", None, None, ""]])
+    before = time.time()
+    assert push.notify(notices) == 2
+    assert [m["ids"] for m in _posted("conn-watch")] == [[ids[0]], [ids[1]]]
+    assert _posted("conn-sdk")[0]["tasks"][0]["result"] == "json 3.11\n2"
+    rt = float(store.record(ids[1])["rt"])
+    assert rt >= before and store.r.zscore("purge", ids[1]) == pytest.approx(rt + store.result_ttl, abs=0.01)
+    assert "rt" not in store.record(ids[0]) and store.r.zscore("purge", ids[0]) == unread_until

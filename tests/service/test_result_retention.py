@@ -1,0 +1,165 @@
+"""How long results are kept, through the real handlers on a real redis-server and moto:
+a status read that peeks leaves a finished task's result unretrieved (its purge stays
+SKYFN_UNRETRIEVED_TTL after it finished) while a plain read starts the SKYFN_RESULT_TTL
+clock; the real history flush and reaper then purge only the one that was read; a SUCCEEDED
+task read from the history says its result expired (never a silent null), and the SDK
+turns that answer into ResultExpired."""
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from skyfn.protocol import pack_args, serialize_function
+from skyfn.protocol.messages import ResultPack, TaskResult
+
+RESULT_TTL = 1.0
+UNRETRIEVED_TTL = 7 * 86400.0
+
+
+def inc(x):
+    return x + 1
+
+
+@pytest.fixture
+def short_ttl(api, monkeypatch):
+    from lambdas.core import deps
+
+    monkeypatch.setenv("SKYFN_RESULT_TTL", str(RESULT_TTL))
+    deps.reset()  # settings are read once: read them again with the short TTL
+    yield api
+    deps.reset()
+
+
+@pytest.fixture
+def finished(short_ttl):
+    """Three tasks SUCCEEDED through the results path; (ids, when they finished)."""
+    from lambdas.results import apply_pack
+
+    api = short_ttl
+    _, f = api.call("POST", "/functions", {"function": serialize_function(inc)})
+    _, e = api.call("POST", "/endpoints", {"name": "hpc"})
+    _, s = api.call("POST", "/tasks", {"endpoint_id": e["endpoint_id"], "tasks": [
+        {"function_id": f["function_id"], "payload": pack_args((i,), {})} for i in range(3)]})
+    ids = s["task_ids"]
+    done = time.time()
+    apply_pack(ResultPack(endpoint_id=e["endpoint_id"], results=[
+        TaskResult(task_id=t, state="SUCCEEDED", result=f"json 3.11\n{i + 1}") for i, t in enumerate(ids)]))
+    return ids, done
+
+
+def status(api, ids, **extra):
+    code, body = api.call("POST", "/tasks/status", {"task_ids": ids, **extra})
+    assert code == 200, body
+    return body["tasks"]
+
+
+def kept(task_id):
+    """(retrieved-at mark, purge time) of a task in the hot store."""
+    from lambdas.core import deps
+
+    r = deps.redis_client()
+    return r.hget(f"t:{task_id}", "rt"), r.zscore("purge", task_id)
+
+
+def test_peek_reads_leave_the_purge_clock_alone_and_the_reaper_purges_only_what_was_read(short_ttl, finished):
+    from lambdas.core import deps
+    from lambdas.history import flush
+    from lambdas.reaper import reap
+
+    api = short_ttl
+    (peeked, read, untouched), done = finished
+    for _ in range(2):
+        got = status(api, [peeked], peek=True)
+        assert got[peeked]["state"] == "SUCCEEDED" and got[peeked]["result"] == "json 3.11\n1"
+    lean = status(api, [peeked], peek=True, results=False, include_events=True)[peeked]
+    assert lean["state"] == "SUCCEEDED" and "result" not in lean and lean["events"][-1][0] == "STORED"
+    rt, purge_at = kept(peeked)
+    assert rt is None and purge_at == pytest.approx(done + UNRETRIEVED_TTL, abs=5)
+
+    before = time.time()
+    assert status(api, [read])[read]["result"] == "json 3.11\n2"
+    rt, purge_at = kept(read)
+    assert rt is not None and before <= float(rt) <= time.time()
+    assert purge_at == pytest.approx(float(rt) + RESULT_TTL, abs=0.01)
+    status(api, [read], peek=True)  # a later peek changes nothing
+    assert kept(read) == (rt, purge_at)
+
+    assert flush()["tasks"] == 3  # the durable history first: purge waits for it
+    time.sleep(RESULT_TTL + 0.2)
+    assert reap()["purged"] == 1
+    r = deps.redis_client()
+    assert not r.exists(f"t:{read}") and r.exists(f"t:{peeked}") and r.exists(f"t:{untouched}")
+
+    got = status(api, [peeked, read, untouched], peek=True)
+    assert got[peeked]["result"] == "json 3.11\n1" and got[untouched]["result"] == "json 3.11\n3"
+    gone = got[read]
+    assert gone["state"] == "SUCCEEDED" and "result" not in gone
+    assert gone["result_expired"]["finished"] == pytest.approx(done, abs=5)
+    assert {k: v for k, v in gone["result_expired"].items() if k != "finished"} == {
+        "result_ttl": RESULT_TTL, "unretrieved_ttl": UNRETRIEVED_TTL}
+    assert "result_expired" not in got[peeked]
+    code, info = api.call("GET", f"/tasks/{read}")
+    assert code == 200 and info["state"] == "SUCCEEDED" and info.get("result") is None
+    assert info["result_expired"] == gone["result_expired"]
+
+
+def test_the_sdk_raises_result_expired_on_the_service_answer(short_ttl, finished):
+    from lambdas.core import deps
+    from lambdas.history import flush
+    from lambdas.reaper import reap
+    from skyfn import ResultExpired
+    from skyfn.client import task_outcome
+
+    api = short_ttl
+    ids, done = finished
+    status(api, ids)
+    flush()
+    time.sleep(RESULT_TTL + 0.2)
+    reap()
+    assert not deps.redis_client().exists(f"t:{ids[0]}")
+    answer = status(api, ids)[ids[0]]
+    ok, exc = task_outcome(ids[0], answer)
+    assert not ok and isinstance(exc, ResultExpired) and isinstance(exc, LookupError)
+    assert (exc.task_id, exc.result_ttl, exc.unretrieved_ttl) == (ids[0], RESULT_TTL, UNRETRIEVED_TTL)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(exc.finished))
+    message = re.sub(r"\(\d+ s ago\)", "(N s ago)", str(exc))
+    assert message == (
+        f"task {ids[0]} SUCCEEDED at {stamp} (N s ago), but its result is no longer kept: the service keeps a "
+        "result SKYFN_RESULT_TTL=1 s after it is first read (a status read, get_result, an Executor future, or a "
+        "push delivered to one of your connections), or SKYFN_UNRETRIEVED_TTL=604800 s (7 days) if it is never "
+        "read. Collect results sooner after they finish, or have the function return large or long-lived results "
+        "by reference (skyfn.data.default_store().ref(value, ttl=...), or S3) and keep the ref.")
+
+
+@pytest.mark.parametrize("extra", [{"peek": 1}, {"peek": "true"}, {"peek": None}, {"results": 0},
+                                   {"results": "false"}])
+def test_peek_and_results_are_booleans(api, extra):
+    code, body = api.call("POST", "/tasks/status", {"task_ids": ["a"], **extra})
+    assert code == 422, body
+    assert next(iter(extra)) in body["message"] or next(iter(extra)) in str(body.get("details"))
+
+
+def test_failed_tasks_read_from_the_history_are_not_expired_results(short_ttl):
+    """Only a success loses something: a failure's error and reason are in the history."""
+    from lambdas.core import deps
+    from lambdas.history import flush
+    from lambdas.reaper import reap
+    from lambdas.results import apply_pack
+
+    api = short_ttl
+    _, f = api.call("POST", "/functions", {"function": serialize_function(inc)})
+    _, e = api.call("POST", "/endpoints", {"name": "hpc"})
+    _, s = api.call("POST", "/tasks", {"endpoint_id": e["endpoint_id"], "tasks": [
+        {"function_id": f["function_id"], "payload": pack_args((0,), {})}]})
+    (tid,) = s["task_ids"]
+    apply_pack(ResultPack(endpoint_id=e["endpoint_id"], results=[
+        TaskResult(task_id=tid, state="FAILED", reason="the node went away")]))
+    status(api, [tid])
+    flush()
+    time.sleep(RESULT_TTL + 0.2)
+    reap()
+    assert not deps.redis_client().exists(f"t:{tid}")
+    got = status(api, [tid])[tid]
+    assert got["state"] == "FAILED" and got["reason"] == "the node went away" and "result_expired" not in got
