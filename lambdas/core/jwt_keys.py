@@ -28,6 +28,11 @@ ASYMMETRIC = {"RSA": ("RS256", "RS384", "RS512", "PS256"), "EC": ("ES256", "ES38
 LEEWAY_SECONDS = 30
 DISCOVERY_TIMEOUT = 5
 JWKS_REFRESH_SECONDS = 10  # unknown `kid`s refetch the issuer's keys at most this often (rotation)
+# A token verified once is trusted again without the signature check (tens to hundreds of
+# microseconds per request) until it expires, for at most this long, as API Gateway caches
+# an authorizer's answer (300 s by default). Keyed by the whole token: nothing is guessed.
+VERIFIED_TTL_SECONDS = 300.0
+VERIFIED_MAX = 4096
 
 
 class TokenError(Exception):
@@ -42,6 +47,7 @@ class KeySet:
         self._refresh = refresh  # callable returning fresh keys (issuer JWKS), or None
         self._refreshed = float("-inf")  # the first unknown kid refetches at once
         self._lock = threading.Lock()
+        self._verified: dict[tuple[str, str, str], tuple[float, dict[str, Any]]] = {}  # -> (trusted until, claims)
 
     @classmethod
     def from_jwks(cls, jwks: dict[str, Any], refresh=None) -> "KeySet":
@@ -66,6 +72,20 @@ class KeySet:
         raise TokenError("token signed by an unknown key (kid not in the issuer's key set)")
 
     def verify(self, token: str, issuer: str, audience: str) -> dict[str, Any]:
+        key = (token, issuer, audience)
+        hit = self._verified.get(key)
+        now = time.time()
+        if hit is not None:
+            if now < hit[0]:
+                return dict(hit[1])
+            self._verified.pop(key, None)
+        claims = self._verify(token, issuer, audience)
+        if len(self._verified) >= VERIFIED_MAX:
+            self._verified.clear()  # simple and bounded; a full cache is rare (one entry per live token)
+        self._verified[key] = (min(float(claims["exp"]) + LEEWAY_SECONDS, now + VERIFIED_TTL_SECONDS), dict(claims))
+        return claims
+
+    def _verify(self, token: str, issuer: str, audience: str) -> dict[str, Any]:
         try:
             header = jwt.get_unverified_header(token)
         except jwt.InvalidTokenError:

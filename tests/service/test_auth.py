@@ -241,3 +241,28 @@ def test_behind_api_gateway_agents_keep_their_owners_token(service_env, monkeypa
     assert status == 200 and conn["endpoint_id"] == reg["endpoint_id"]
     status, _ = _gateway_call("POST", f"/endpoints/{reg['endpoint_id']}/connect", {"claims": {"sub": "stranger"}})
     assert status == 404
+
+
+def test_verified_tokens_are_trusted_until_they_expire_and_no_longer(local_keys, monkeypatch):
+    """The per-environment cache of verified tokens: a second call skips the signature
+    check; once the token's expiry (with the same 30 s leeway) or the cache's own bound
+    has passed, the token is verified in full again."""
+    pem, jwks = local_keys
+    keys = jwt_keys.KeySet.from_jwks(jwks)
+    token = mint_token(pem, "alice", ttl_seconds=5)
+    real_decode, decoded = jwt.decode, []
+    monkeypatch.setattr(jwt, "decode", lambda *a, **k: decoded.append(1) or real_decode(*a, **k))
+    claims = keys.verify(token, "skyfn-local", "skyfn")
+    assert claims["sub"] == "alice" and len(decoded) == 1
+    assert keys.verify(token, "skyfn-local", "skyfn") == claims and len(decoded) == 1  # from the cache
+    with pytest.raises(jwt_keys.TokenError, match="another audience"):  # the audience is part of the key
+        keys.verify(token, "skyfn-local", "someone-else")
+    until = keys._verified[(token, "skyfn-local", "skyfn")][0]
+    assert until == claims["exp"] + jwt_keys.LEEWAY_SECONDS  # not a moment past what jwt.decode allows
+    monkeypatch.setattr(jwt_keys.time, "time", lambda: until + 0.001)
+    decoded.clear()
+    keys.verify(token, "skyfn-local", "skyfn")  # (still valid by the real clock)
+    assert len(decoded) == 1  # verified in full again
+    long_lived = mint_token(pem, "bob", ttl_seconds=3600)
+    keys.verify(long_lived, "skyfn-local", "skyfn")
+    assert keys._verified[(long_lived, "skyfn-local", "skyfn")][0] == until + 0.001 + jwt_keys.VERIFIED_TTL_SECONDS
