@@ -257,12 +257,12 @@ def test_verified_tokens_are_trusted_until_they_expire_and_no_longer(local_keys,
     assert keys.verify(token, "skyfn-local", "skyfn") == claims and len(decoded) == 1  # from the cache
     with pytest.raises(jwt_keys.TokenError, match="another audience"):  # the audience is part of the key
         keys.verify(token, "skyfn-local", "someone-else")
+    long_lived = mint_token(pem, "bob", ttl_seconds=3600)
     until = keys._verified[(token, "skyfn-local", "skyfn")][0]
     assert until == claims["exp"] + jwt_keys.LEEWAY_SECONDS  # not a moment past what jwt.decode allows
-    monkeypatch.setattr(jwt_keys.time, "time", lambda: until + 0.001)
+    monkeypatch.setattr(jwt_keys.time, "time", lambda: until + 0.001)  # (the time module's, for all)
     decoded.clear()
     keys.verify(token, "skyfn-local", "skyfn")  # (still valid by the real clock)
     assert len(decoded) == 1  # verified in full again
-    long_lived = mint_token(pem, "bob", ttl_seconds=3600)
     keys.verify(long_lived, "skyfn-local", "skyfn")
     assert keys._verified[(long_lived, "skyfn-local", "skyfn")][0] == until + 0.001 + jwt_keys.VERIFIED_TTL_SECONDS
