@@ -42,3 +42,30 @@ def client(local_home):
 @pytest.fixture
 def endpoint_id(client):
     return client.endpoint_id("local")
+
+
+class HotStore:
+    """The runtime's hot store (its Redis), to check what the service did to task records."""
+
+    def __init__(self, url: str):
+        import redis
+
+        self.r = redis.Redis.from_url(url, decode_responses=True)
+
+    def consumed(self, task_ids) -> list[str]:
+        """The ids whose result counts as retrieved (marked, purge SKYFN_RESULT_TTL away),
+        not left unread (purge SKYFN_UNRETRIEVED_TTL, 7 days, after it finished)."""
+        import time
+
+        horizon = time.time() + 6 * 86400
+        return [t for t in task_ids if self.r.hget(f"t:{t}", "rt") is not None
+                or (self.r.zscore("purge", t) or 0) < horizon]
+
+
+@pytest.fixture
+def hot_store(local_home):
+    from infra.local.state import StateDir
+
+    store = HotStore(StateDir.at(local_home).read_runtime()["redis_url"])
+    yield store
+    store.r.close()
