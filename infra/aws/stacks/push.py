@@ -5,14 +5,21 @@
   with the subscription cursor) routes, all on lambdas.ws.handler;
 - the connection table (owner, connection_id; TTL attribute ``expires``: API Gateway ends a
   connection after 2 hours, and a missed $disconnect must not leave it forever);
-- the results function posts to connections through the API Gateway Management API:
-  ``execute-api:ManageConnections`` on POST @connections of this API's stage only, and
-  Query/DeleteItem (gone connections) on the connection table only.
+- every function that writes final task states pushes them (`grant_push`): the results
+  function, the API (cancels, submission-time failures), the reaper (expired leases, dead
+  letters) here, and the batch and task steps of the workflows stack (config.PUSH_FUNCTIONS,
+  config.PUSH_STEPS). Each gets SKYFN_PUSH=apigw, SKYFN_CONNECTION_TABLE, SKYFN_WS_ENDPOINT
+  and exactly what lambdas/core/push.py calls: Query (the owner's connections) and
+  DeleteItem (gone ones) on the connection table, and ``execute-api:ManageConnections`` on
+  POST @connections/* of this API's stage. No other function holds any of it.
 
-The handlers read SKYFN_PUSH, SKYFN_CONNECTION_TABLE and SKYFN_WS_ENDPOINT
-(lambdas/core/push.py).
+The grants are added once the API and the table exist; a function of another stack (the
+workflows stack, deployed after this one) references them through the stack's exports, so
+the dependency runs one way only.
 """
 from __future__ import annotations
+
+from typing import Iterable
 
 from aws_cdk import ArnFormat, CfnOutput, RemovalPolicy, Stack
 from aws_cdk import aws_apigatewayv2 as apigwv2
@@ -30,10 +37,11 @@ SUBSCRIBE_ROUTE = "subscribe"
 
 
 class ResultsPush(Construct):
-    def __init__(self, scope: Construct, cid: str, *, service, results_fn: lambda_.Function):
+    def __init__(self, scope: Construct, cid: str, *, service, pushers: Iterable[lambda_.Function]):
         super().__init__(scope, cid)
         config = service.config
         prefix = config.prefix
+        self.stage_name = config.stage
         self.table = dynamodb.Table(
             self, "ConnectionTable", table_name=f"{prefix}-connections",
             partition_key=dynamodb.Attribute(name="owner", type=dynamodb.AttributeType.STRING),
@@ -68,19 +76,32 @@ class ResultsPush(Construct):
         self.routes_fn.add_to_role_policy(iam.PolicyStatement(
             sid="ConnectionTableWrite", actions=["dynamodb:PutItem", "dynamodb:DeleteItem"],
             resources=[self.table.table_arn]))
-        # results: the owner's connections, gone ones deleted, and posting to this stage only
+        # the functions that write final states: the owner's connections, gone ones deleted,
+        # and posting to this stage only
+        for fn in pushers:
+            self.grant_push(fn)
         stack = Stack.of(self)
-        self.manage_arn = stack.format_arn(
-            service="execute-api", resource=self.api.api_id, resource_name=f"{config.stage}/POST/@connections/*",
-            arn_format=ArnFormat.SLASH_RESOURCE_NAME)
-        results_fn.add_to_role_policy(iam.PolicyStatement(
-            sid="ConnectionTableRead", actions=["dynamodb:Query", "dynamodb:DeleteItem"],
-            resources=[self.table.table_arn]))
-        results_fn.add_to_role_policy(iam.PolicyStatement(
-            sid="PostToConnections", actions=["execute-api:ManageConnections"], resources=[self.manage_arn]))
-        self.endpoint = f"https://{self.api.api_id}.execute-api.{stack.region}.{stack.url_suffix}/{config.stage}"
-        results_fn.add_environment("SKYFN_PUSH", "apigw")
-        results_fn.add_environment("SKYFN_CONNECTION_TABLE", self.table.table_name)
-        results_fn.add_environment("SKYFN_WS_ENDPOINT", self.endpoint)
         CfnOutput(stack, "WebSocketUrl", value=self.stage.url,
                   description="the results push: set SKYFN_WS_URL to this for the SDK")
+
+    def grant_push(self, fn: lambda_.Function) -> None:
+        """Let `fn` push final states (lambdas/core/push.py, adapter ``apigw``): what
+        `connections` and `_post` call, on this table and this stage, nothing more. The ARN
+        and URL are built in `fn`'s own stack (its partition, region, URL suffix); only the
+        API id and the table cross a stack boundary."""
+        stack = Stack.of(fn)
+        manage_arn = stack.format_arn(
+            service="execute-api", resource=self.api.api_id,
+            resource_name=f"{self.stage_name}/POST/@connections/*", arn_format=ArnFormat.SLASH_RESOURCE_NAME)
+        fn.add_to_role_policy(iam.PolicyStatement(
+            sid="ConnectionTableRead", actions=["dynamodb:Query", "dynamodb:DeleteItem"],
+            resources=[self.table.table_arn]))
+        fn.add_to_role_policy(iam.PolicyStatement(
+            sid="PostToConnections", actions=["execute-api:ManageConnections"], resources=[manage_arn]))
+        fn.add_environment("SKYFN_PUSH", "apigw")
+        fn.add_environment("SKYFN_CONNECTION_TABLE", self.table.table_name)
+        fn.add_environment("SKYFN_WS_ENDPOINT", self.endpoint_url(stack))
+
+    def endpoint_url(self, stack: Stack) -> str:
+        """The stage's https URL (the Management API's endpoint), as `stack` writes it."""
+        return f"https://{self.api.api_id}.execute-api.{stack.region}.{stack.url_suffix}/{self.stage_name}"

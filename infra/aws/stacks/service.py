@@ -31,8 +31,9 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from infra.aws import packaging
-from infra.aws.config import (ARCHITECTURE, AUTHORIZER, FUNCTIONS, PYTHON_RUNTIME, RESULTS_BATCH_SIZE,
-                              RESULTS_BATCH_WINDOW_S, RESULTS_MAX_CONCURRENCY, DeployConfig, FunctionSpec)
+from infra.aws.config import (ARCHITECTURE, AUTHORIZER, FUNCTIONS, PUSH_FUNCTIONS, PYTHON_RUNTIME,
+                              RESULTS_BATCH_SIZE, RESULTS_BATCH_WINDOW_S, RESULTS_MAX_CONCURRENCY, DeployConfig,
+                              FunctionSpec)
 from infra.aws.stacks.common import retention
 from infra.aws.stacks.data import DataStack
 from infra.aws.stacks.push import ResultsPush
@@ -150,8 +151,10 @@ class ServiceStack(Stack):
 
         self.api = self._rest_api(api_fn)
         self._action_provider(api_fn)
-        # the results push: WebSocket API, connection table, results function posting (issue 13)
-        self.push = ResultsPush(self, "ResultsPush", service=self, results_fn=results_fn)
+        # the results push: WebSocket API, connection table; every function here that writes
+        # final states posts them (issue 13; the workflows stack's steps too, grant_push)
+        self.push = ResultsPush(self, "ResultsPush", service=self,
+                                pushers=[self.functions[key] for key in PUSH_FUNCTIONS])
         # the status page at /ui, told where the WebSocket API is (issue 13)
         self.status_page = StatusPage(self, "StatusPage", service=self, api=self.api, ws_url=self.push.stage.url,
                                       runtime=_runtime(), architecture=_architecture())

@@ -3,7 +3,9 @@ functions, deployed from the same ASL files the embedded runtime runs.
 
 - Each step of the catalog becomes a function named `catalog.function_name(prefix, step)`
   with the service's code, layer, VPC placement and environment, plus the grants its
-  `needs` declare (redis, s3, dynamodb, rendezvous_secret) and the environment it reads.
+  `needs` declare (redis, s3, dynamodb, rendezvous_secret) and the environment it reads;
+  the steps that write final task states (config.PUSH_STEPS) push them like the service's
+  functions (infra/aws/stacks/push.py `grant_push`).
 - Each machine gets its own role that may invoke only its own steps' functions (plus
   reading the payload bucket for an S3 ItemReader, and starting/describing/stopping its
   own child executions for a Distributed Map), a log group (level ALL, without execution
@@ -20,7 +22,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from infra.aws.config import DeployConfig, FunctionSpec
+from infra.aws.config import PUSH_STEPS, DeployConfig, FunctionSpec
 from infra.aws.stacks.common import retention
 from infra.aws.stacks.data import DataStack
 from infra.aws.stacks.service import ServiceStack, flow_role_name
@@ -51,6 +53,8 @@ class WorkflowsStack(Stack):
                     data.tables[table].grant_read_data(fn)
             if "sqs" in step.needs:  # submits through the service core: declares queues, sends packs
                 fn.add_to_role_policy(service.endpoint_queue_statement(send=True))
+            if key in PUSH_STEPS:  # writes final states: pushes them (the service stack's WebSocket API)
+                service.push.grant_push(fn)
             self.functions[key] = fn
 
         self.machines: dict[str, sfn.StateMachine] = {}
