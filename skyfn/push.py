@@ -13,12 +13,13 @@ Imported only when an Executor first waits for results: ``import skyfn`` stays l
 """
 from __future__ import annotations
 
-import json
 import select
 import socket
 import ssl
 import time
 from typing import Any, Optional
+
+import orjson
 
 from skyfn.protocol.errors import SkyfnError
 from skyfn.protocol.push import PATH, cursor_key
@@ -108,7 +109,7 @@ class PushChannel:
                     raise PushUnavailable(f"subscribing refused: {msg.get('message')}")
 
     def send(self, message: dict[str, Any]) -> None:
-        self._proto.send_text(json.dumps(message).encode())
+        self._proto.send_text(orjson.dumps(message))
         self._flush()
 
     def read(self) -> Optional[list[dict[str, Any]]]:
@@ -186,8 +187,8 @@ class PushChannel:
                 if frame.fin:
                     data, self._partial = b"".join(self._partial), []
                     try:
-                        msg = json.loads(data)
-                    except ValueError:
+                        msg = orjson.loads(data)
+                    except orjson.JSONDecodeError:
                         continue
                     if isinstance(msg, dict):
                         out.append(msg)
