@@ -185,6 +185,50 @@ def test_a_lost_push_connection_falls_back_to_the_long_poll(client, endpoint_id)
     assert (snap["succeeded"], snap["failed"], snap["done"]) == (135, 15, True)
 
 
+def sized(i):
+    import time
+
+    time.sleep(0.02)
+    return "x" * 20_000 if i % 8 == 0 else i  # 20 kB: too large to travel inside a push
+
+
+@pytest.mark.parametrize("push", [True, False])
+def test_watching_consumes_no_result(client, endpoint_id, hot_store, push):
+    """The watch peeks, without results, and its push subscription is a peek one: the results
+    stay unread (purged 7 days after they finished, not 600 s after the watch saw them) and
+    its answers carry none, while a real read afterwards gets every one."""
+    import io
+
+    from skyfn import Client
+    from skyfn.watch import watch
+
+    answers = []
+
+    class Recording(Client):
+        def status(self, *args, **kwargs):
+            answer = super().status(*args, **kwargs)
+            answers.append(answer)
+            return answer
+
+    ids = submit(client, endpoint_id, sized, range(40))
+    with Recording() as recording:
+        buf = io.StringIO()
+        code = watch(recording, ids, interval=0.5, push=push, out=buf, tty=False)
+    assert code == 0, buf.getvalue()
+    assert buf.getvalue().splitlines()[0].endswith("(results pushed)" if push else "(polling, 0.5 s apart at least)")
+    assert "40 tasks, all succeeded" in buf.getvalue()
+    statuses = [st for a in answers for st in (a.get("tasks") or {}).values()]
+    assert statuses and not [st for st in statuses if {"result", "result_url", "stdout", "stderr"} & set(st)]
+    assert hot_store.consumed(ids) == []
+
+    code, snap, out = once_json(*ids)  # the CLI's first read peeks too
+    assert code == 0 and snap["succeeded"] == 40, out.stderr
+    assert hot_store.consumed(ids) == []
+    got = client.get_batch_result(ids)
+    assert [got[t]["result"] for t in ids] == ["x" * 20_000 if i % 8 == 0 else i for i in range(40)]
+    assert hot_store.consumed(ids) == ids
+
+
 def test_a_terminal_gets_the_live_board(client, endpoint_id):
     ids = submit(client, endpoint_id, odd_job, range(40))
     pid, fd = pty.fork()
