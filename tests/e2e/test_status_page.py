@@ -111,6 +111,28 @@ def test_page_follows_a_batch_live(browser, client, endpoint_id):
     assert float(cells[3]) >= 250  # the 'run' stage of a 0.3 s nap
 
 
+def test_the_page_consumes_no_result(browser, client, endpoint_id, hot_store):
+    """The page's subscription is a peek one (and its refresh reads no result): a batch it
+    watched to SUCCEEDED keeps its results unread, for whoever collects them later."""
+    sign_in(browser, client.service_url, client.config.token)
+    wait(browser, "return document.getElementById('live').textContent === 'live'", 30, "the live push")
+    fid = client.register_function(nap)
+    batch = client.create_batch(endpoint_id)
+    for i in range(8):
+        batch.add(fid, i)
+    ids = client.batch_run(batch)
+    pushes = browser.execute_script("return window.skyfnUi.pushes")
+    probe = ("return arguments[0].every(id => { const r = document.querySelector(`#tasks tr[data-task=\"${id}\"]`);"
+             " return r && r.dataset.state === 'SUCCEEDED'; })")
+    wait_args(browser, probe, ids, 60, "the batch SUCCEEDED")
+    assert browser.execute_script("return window.skyfnUi.pushes") > pushes  # pushed to the page
+    time.sleep(3.5)  # and one more 3 s refresh
+    assert hot_store.consumed(ids) == []
+    got = client.get_batch_result(ids)
+    assert [got[t]["result"] for t in ids] == [i + 1 for i in range(8)]
+    assert hot_store.consumed(ids) == ids
+
+
 def wait_args(driver, script, arg, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
