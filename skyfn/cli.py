@@ -15,28 +15,27 @@
                                            progress, throughput, ETA, last failures; exit 0 when
                                            all succeeded, 1 when any failed (3: --once, not done)
 
-Implementations are imported inside the commands, so `import skyfn` (the SDK) never
-imports infra/, lambdas/ or moto. The `local` commands need the embedded runtime
-(`pip install 'skyfn[local]'`); without it they say so (skyfn/extras.py). Errors are printed
-as one line; exit code 1.
+Imports go one way: the SDK (skyfn/) never imports infra/ or lambdas/, not even inside a
+command. `skyfn local ...` and `skyfn login --local` belong to the embedded runtime
+(infra/local/cli.py), a plugin found through entry points (groups `skyfn.cli` and
+`skyfn.login`, skyfn/extras.py) when the command runs, never on `import skyfn.cli`. Without the
+runtime they say which extra to install (`pip install 'skyfn[local]'`). Plugins use
+`run_action` and `HOME_OPTION` from here. Other implementations are imported inside their
+commands, so `import skyfn` stays light. Errors are printed as one line; exit code 1.
 Set SKYFN_DEBUG=1 to see the full traceback.
 """
 from __future__ import annotations
 
 import json
 import os
-import sys
 from typing import Callable, Optional
 
 import typer
+from typer.core import TyperGroup
 
-app = typer.Typer(name="skyfn", help="skyfn: federated function-as-a-service for science.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-local_app = typer.Typer(help="The embedded single-machine service (redis-server, moto, local gateway, "
-                             "endpoint 'local').", no_args_is_help=True)
-app.add_typer(local_app, name="local")
+from skyfn import extras
 
-HomeOption = typer.Option(None, "--home", envvar="SKYFN_HOME", help="state directory (default ~/.skyfn)")
+HOME_OPTION = typer.Option(None, "--home", envvar="SKYFN_HOME", help="state directory (default ~/.skyfn)")
 
 
 def _fail(message: str) -> None:
@@ -44,14 +43,7 @@ def _fail(message: str) -> None:
     raise typer.Exit(1)
 
 
-def _need_local(what: str) -> None:
-    """The embedded runtime is the `local` extra: say how to install it when it is missing."""
-    from skyfn.extras import require
-
-    require("local", what)
-
-
-def _run(action: Callable[[], object]):
+def run_action(action: Callable[[], object]):
     """Run `action`; any failure becomes one clear line on stderr and exit code 1."""
     try:
         return action()
@@ -68,76 +60,56 @@ def _run(action: Callable[[], object]):
         _fail(text if known else f"{type(exc).__name__}: {text} (run with SKYFN_DEBUG=1 for the traceback)")
 
 
-@local_app.command("up")
-def local_up(
-    detach: bool = typer.Option(False, "--detach", "-d", help="run in the background and return once healthy"),
-    port: Optional[int] = typer.Option(None, "--port", min=1, max=65535, help="gateway port (default: a free one, "
-                                                                                 "the previous one if still free)"),
-    aws_endpoint: Optional[str] = typer.Option(None, "--aws-endpoint", help="use this AWS endpoint (e.g. LocalStack) "
-                                                                            "instead of starting moto"),
-    no_endpoint: bool = typer.Option(False, "--no-endpoint", help="do not start the endpoint 'local'"),
-    home: Optional[str] = HomeOption,
-) -> None:
-    """Start redis-server, moto, the service and the endpoint 'local'; write the client config."""
-    def action():
-        _need_local("skyfn local up")
-        from infra.local import runtime
+# --- plugins (entry point group skyfn.cli; skyfn/extras.py) -----------------------------
+class _WithPlugins(TyperGroup):
+    """skyfn's own commands and those of the installed CLI plugins: names from the metadata,
+    each plugin imported when its command runs or `--help` lists it."""
 
-        runtime.up(home, detach=detach, port=port, aws_endpoint=aws_endpoint, endpoint=not no_endpoint,
-                   echo=typer.echo)
-    _run(action)
+    def list_commands(self, ctx) -> list[str]:
+        own = super().list_commands(ctx)
+        found = set(extras.plugin_names(extras.CLI_PLUGINS)) | set(extras.PLUGIN_EXTRAS)
+        return sorted(found - set(own)) + own
+
+    def get_command(self, ctx, cmd_name: str):
+        if cmd_name not in self.commands and (cmd_name in extras.PLUGIN_EXTRAS or
+                                              cmd_name in extras.plugin_names(extras.CLI_PLUGINS)):
+            self.commands[cmd_name] = _plugin_command(cmd_name)
+        return super().get_command(ctx, cmd_name)
 
 
-@local_app.command("status")
-def local_status(as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
-                 home: Optional[str] = HomeOption) -> None:
-    """Show each process (pid, alive, port), the service health and the endpoints."""
-    def action():
-        _need_local("skyfn local status")
-        from infra.local import runtime
-
-        return runtime.status(home)
-    report = _run(action)
-    if as_json:
-        typer.echo(json.dumps(report, indent=2))
-    else:
-        running = any(p["alive"] for p in report["processes"].values())
-        health = ("healthy" if report["healthy"] else
-                  "NOT healthy" + (f": {report['error']}" if report["error"] else "") if running else
-                  "not running (start it with `skyfn local up --detach`)")
-        typer.echo(f"service: {report['service_url'] or '-'}  {health}")
-        for name, p in report["processes"].items():
-            state = f"running  pid {p['pid']}" if p["alive"] else "stopped"
-            typer.echo(f"  {name:<8} {state}{'  port ' + str(p['port']) if p['alive'] and p['port'] else ''}")
-        for ep in report["endpoints"]:
-            typer.echo(f"  endpoint {ep.get('name')} ({ep.get('endpoint_id')}): {ep.get('status')}")
-    if not report["healthy"]:
-        raise typer.Exit(1 if any(p["alive"] for p in report["processes"].values()) else 3)
+def _plugin_command(name: str):
+    try:
+        sub = extras.plugin(extras.CLI_PLUGINS, name)
+    except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the other commands
+        reason = f"{type(exc).__name__}: {exc}"
+        return _unavailable(name, lambda what: RuntimeError(f"{what}: its plugin does not load ({reason})"))
+    if sub is None:
+        return _unavailable(name, lambda what: extras.missing_plugin(extras.CLI_PLUGINS, name, what))
+    if not isinstance(sub, typer.Typer):
+        return sub
+    command = typer.main.get_command(sub)
+    command.name = name  # what --help lists it as
+    return command
 
 
-@local_app.command("down")
-def local_down(home: Optional[str] = HomeOption) -> None:
-    """Stop the endpoint agent, the service, moto and redis-server (Redis data is kept)."""
-    def action():
-        _need_local("skyfn local down")
-        from infra.local import runtime
+def _unavailable(name: str, error: Callable[[str], Exception]):
+    """`skyfn NAME ...` whose plugin is missing or broken: any arguments, one line saying why."""
+    stand_in = typer.Typer(add_completion=False)
 
-        runtime.down(home, echo=typer.echo)
-    _run(action)
+    @stand_in.command(name, add_help_option=False, help="(not available in this installation)",
+                      context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    def unavailable(ctx: typer.Context) -> None:
+        first = ctx.args[0] if ctx.args and not ctx.args[0].startswith("-") else None
+        what = f"skyfn {name} {first}" if first else f"skyfn {name}"
+
+        def action():
+            raise error(what)
+        run_action(action)
+    return typer.main.get_command(stand_in)
 
 
-@local_app.command("token")
-def local_token(user: str = typer.Option(..., "--user", help="user name the token is for"),
-                days: float = typer.Option(30, "--days", min=0.001, help="validity in days"),
-                home: Optional[str] = HomeOption) -> None:
-    """Mint a token of the local service for USER (print it)."""
-    def action():
-        _need_local("skyfn local token")
-        from infra.local import runtime
-        from infra.local.state import StateDir
-
-        return runtime.mint_token(StateDir.at(home), user, int(days * 86400))
-    typer.echo(_run(action))
+app = typer.Typer(name="skyfn", help="skyfn: federated function-as-a-service for science.", cls=_WithPlugins,
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
 
 # --- rendezvous (comm, issue 4) ---
@@ -162,7 +134,7 @@ def rendezvous_serve(
             raise ValueError(f"--log-level {log_level!r}: use debug, info, warning or error")
         run_server(host, port, secret, join_timeout=join_timeout, max_connections=max_connections,
                    max_groups=max_groups, log_level=log_level, port_file=port_file)
-    _run(action)
+    run_action(action)
 
 
 # --- policy (placement, issue 6) ---
@@ -189,7 +161,7 @@ def policy_check(
         from skyfn.placement.check import check
 
         return check(file, tag, state, container=container, untagged=untagged)
-    report = _run(action)
+    report = run_action(action)
     if as_json:
         typer.echo(json.dumps(report.data, indent=2))
     else:
@@ -221,7 +193,7 @@ def flow_run(target: str = typer.Argument(..., help="a .py file or a module defi
             return flow_cli.run(target, input_json, flow_name, not no_wait, timeout)
         except flow_cli.FlowCliError as exc:
             return 1, f"error: {exc}"
-    code, text = _run(action)
+    code, text = run_action(action)
     typer.echo(text, err=code != 0)
     raise typer.Exit(code)
 
@@ -237,7 +209,7 @@ def flow_show(target: str = typer.Argument(..., help="a .py file or a module def
             return 0, flow_cli.show(target, flow_name)
         except flow_cli.FlowCliError as exc:
             return 1, f"error: {exc}"
-    code, text = _run(action)
+    code, text = run_action(action)
     typer.echo(text, err=code != 0)
     raise typer.Exit(code)
 
@@ -255,7 +227,7 @@ def login(
     device: bool = typer.Option(False, "--device", help="device code flow (no browser on this machine)"),
     refresh_only: bool = typer.Option(False, "--refresh", help="trade the kept refresh token for a new token"),
     scopes: str = typer.Option("openid", "--scopes", help="scopes to ask for"),
-    home: Optional[str] = HomeOption,
+    home: Optional[str] = HOME_OPTION,
 ) -> None:
     """Sign in and keep the token in $SKYFN_HOME/config.json (mode 0600)."""
     def action():
@@ -267,15 +239,12 @@ def login(
         if refresh_only:
             return flows.refresh(where)
         if local:
-            _need_local("skyfn login --local")
-            from infra.local.runtime import local_user
-
-            return flows.login_local(user or local_user(), home=where)
+            return flows.login_local(user, home=where)
         if not (issuer and client_id and service):
             raise ValueError("give --local, or --issuer, --client-id and --service (or their environment variables)")
         return flows.login_oidc(issuer, client_id, service, device=device, scopes=scopes,
                                 echo=lambda m: typer.echo(m, err=True), home=where)
-    path = _run(action)
+    path = run_action(action)
     typer.echo(f"logged in; token kept in {path}")
 
 
@@ -294,7 +263,7 @@ def report(
 
         with Client() as client:
             return client.report(since=since, endpoint=endpoint, html=html, png_dir=png, limit=limit)
-    result = _run(action)
+    result = run_action(action)
     typer.echo(result.text())
     for name, path in result.pngs.items():
         typer.echo(f"figure {name}: {path}")
@@ -336,7 +305,7 @@ def task_watch(
                              push=not no_push)
         except WatchError as exc:
             _fail(str(exc))
-    raise typer.Exit(_run(action))
+    raise typer.Exit(run_action(action))
 
 
 def main() -> None:

@@ -11,10 +11,17 @@
 
 `require(extra, what)` checks, without importing anything, that the extra's modules can be
 found, and raises MissingExtra naming the command, the missing modules and the pip line.
+
+Plugins: the SDK imports nothing of infra/ or lambdas/. Commands of other parts reach it
+through entry points (importlib.metadata, as pytest finds its plugins): group `skyfn.cli`, a
+typer app the `skyfn` CLI adds as `skyfn NAME`; group `skyfn.login`, a function behind `skyfn
+login --NAME`. The embedded runtime registers `local` in both (infra/local/cli.py). A plugin
+that is not registered answers like a missing extra (`missing_plugin`).
 """
 from __future__ import annotations
 
 import importlib.util
+from typing import Any, Optional
 
 # extra -> top-level modules it brings (the ones its code imports)
 MODULES: dict[str, tuple[str, ...]] = {
@@ -49,6 +56,41 @@ def require(extra: str, what: str) -> None:
     if absent:
         raise MissingExtra(f"{what} needs skyfn[{extra}], which is not installed here (missing: "
                            f"{', '.join(absent)}): pip install 'skyfn[{extra}]'")
+
+
+CLI_PLUGINS = "skyfn.cli"
+LOGIN_PLUGINS = "skyfn.login"
+# plugin name -> the extra that brings what it needs
+PLUGIN_EXTRAS: dict[str, str] = {"local": "local"}
+
+
+def plugin_names(group: str) -> list[str]:
+    """The names registered in entry point group `group` (from metadata; nothing imported)."""
+    from importlib.metadata import entry_points
+
+    return sorted({ep.name for ep in entry_points(group=group)})
+
+
+def plugin(group: str, name: str) -> Optional[Any]:
+    """The object plugin `name` of entry point group `group` provides (imported now), or None."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=group, name=name):
+        return ep.load()
+    return None
+
+
+def missing_plugin(group: str, name: str, what: str) -> MissingExtra:
+    """The error for `what` when plugin `name` is not registered: the extra's missing modules
+    and pip line, as `require` says it; if none is missing, that the plugin is not registered
+    (a checkout installed before its entry points existed: `pip install -e .` again)."""
+    extra = PLUGIN_EXTRAS.get(name, name)
+    try:
+        require(extra, what)
+    except MissingExtra as exc:
+        return exc
+    return MissingExtra(f"{what} needs skyfn[{extra}], whose commands are not registered here (no {name!r} "
+                        f"entry point in {group!r}; in a checkout: pip install -e .): pip install 'skyfn[{extra}]'")
 
 
 def endpoint_main() -> None:

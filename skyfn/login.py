@@ -2,7 +2,8 @@
 (`$SKYFN_HOME/config.json`, mode 0600, written atomically; other keys are kept).
 
 - the embedded runtime (`--local`): a token of the local issuer for a local user, signed
-  with the runtime's key (`$SKYFN_HOME/local/signing_key.pem`);
+  with the runtime's key (`$SKYFN_HOME/local/signing_key.pem`), minted by the runtime's own
+  plugin (entry point `local` in group `skyfn.login`: infra/local/cli.py);
 - an OpenID Connect issuer (Cognito's hosted UI, Globus Auth, ...), found through its
   discovery document, as a public client (no secret on a laptop):
   * browser (default): authorization code with PKCE (S256) and a loopback redirect
@@ -69,16 +70,17 @@ def _read(home: Optional[Path]) -> dict:
 
 
 # --- the embedded runtime -----------------------------------------------------------------
-def login_local(user: str, days: float = 30, home: Optional[Path] = None) -> Path:
-    from infra.local import runtime
-    from infra.local.state import StateDir
+def login_local(user: Optional[str] = None, days: float = 30, home: Optional[Path] = None) -> Path:
+    """Keep a token of the running embedded runtime for `user` (default: the login name). The
+    runtime's issuer and users are its own: it answers through its `skyfn.login` plugin
+    (infra/local/cli.py; skyfn/extras.py), so the SDK imports nothing of it."""
+    from skyfn import extras
 
-    state = StateDir.at(home)
-    url = state.read_runtime().get("service_url")
-    if not url:
-        raise LoginError(f"no local runtime in {state.root}: start it with `skyfn local up`")
-    token = runtime.mint_token(state, user, int(days * 86400))
-    return save({"service_url": url, "token": token, "issuer": "skyfn-local", "user": user}, state.home)
+    local_login = extras.plugin(extras.LOGIN_PLUGINS, "local")
+    if local_login is None:
+        raise extras.missing_plugin(extras.LOGIN_PLUGINS, "local", "skyfn login --local")
+    home = Path(home).expanduser() if home is not None else None
+    return save(local_login(user, days=days, home=home), home)
 
 
 # --- an OpenID Connect issuer ---------------------------------------------------------------

@@ -4,6 +4,8 @@ install. (Building and installing the wheels themselves: scripts/check_install.p
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -115,6 +117,56 @@ def test_local_commands_without_the_runtime_say_how_to_install_it(monkeypatch, t
     assert "pip install 'skyfn[local]'" in result.output and "no_such_module_here" in result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "local").exists()  # nothing was started
+
+
+def test_the_embedded_runtime_is_a_plugin_of_the_cli():
+    """Its commands come through entry points, declared in pyproject.toml and registered by
+    the installation (an editable one too: `make install` re-runs when pyproject.toml changes)."""
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    assert declared[extras.CLI_PLUGINS] == {"local": "infra.local.cli:app"}
+    assert declared[extras.LOGIN_PLUGINS] == {"local": "infra.local.cli:local_login"}
+    from infra.local import cli
+    from skyfn.cli import app
+
+    assert extras.plugin(extras.CLI_PLUGINS, "local") is cli.app
+    assert extras.plugin(extras.LOGIN_PLUGINS, "local") is cli.local_login
+    result = CliRunner().invoke(app, ["--help"])
+    assert result.exit_code == 0 and "local" in result.output and "embedded" in result.output
+
+
+def test_the_plugin_loads_with_the_sdk_dependencies_alone():
+    """infra/local/cli.py ships in the pure wheel, so an SDK-only install finds it: at import it
+    may load the SDK and typer, nothing of the runtime (its commands check the extra first)."""
+    code = ("import sys, infra.local.cli; "
+            "print('\\n'.join(sorted({m.split('.')[0] for m in sys.modules})))")
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                cwd=ROOT).stdout.split())
+    heavy = {"boto3", "botocore", "moto", "zmq", "redis", "psutil", "aws_lambda_powertools", "jwt", "cryptography",
+             "lambdas", "endpoint_agent", "numpy", "pyarrow"}
+    assert not loaded & heavy, loaded & heavy
+
+
+@pytest.mark.parametrize("args,what", [(["local", "up", "--detach"], "skyfn local up"),
+                                       (["local", "status"], "skyfn local status"),
+                                       (["local"], "skyfn local"), (["login", "--local"], "skyfn login --local")])
+def test_without_the_plugin_registered_the_commands_say_how_to_install_it(monkeypatch, tmp_path, args, what):
+    """An installation without the runtime's entry points: `skyfn local ...` still exists and
+    answers with one line naming the extra, the same as a missing extra's."""
+    from skyfn.cli import app
+
+    monkeypatch.setattr(extras, "plugin", lambda group, name: None)
+    monkeypatch.setattr(extras, "plugin_names", lambda group: [])
+    monkeypatch.setitem(extras.MODULES, "local", ("no_such_module_here",))
+    result = CliRunner().invoke(app, args, env={"SKYFN_HOME": str(tmp_path)})
+    assert result.exit_code == 1
+    assert result.output.strip() == (f"error: {what} needs skyfn[local], which is not installed here (missing: "
+                                     "no_such_module_here): pip install 'skyfn[local]'")
+    assert not (tmp_path / "local").exists()
+    monkeypatch.setitem(extras.MODULES, "local", ())  # the modules are there, the entry points are not
+    result = CliRunner().invoke(app, args, env={"SKYFN_HOME": str(tmp_path)})
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    assert "not registered" in result.output and "pip install 'skyfn[local]'" in result.output
+    assert "local" in CliRunner().invoke(app, ["--help"]).output
 
 
 def test_skyfn_endpoint_without_the_agent_says_how_to_install_it(monkeypatch, capsys):
