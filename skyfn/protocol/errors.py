@@ -45,10 +45,10 @@ class ResultExpired(SkyfnError, LookupError):
         super().__init__(
             f"task {task_id} SUCCEEDED{_when(finished)}, but its result is no longer kept: the service keeps a "
             f"result SKYFN_RESULT_TTL={_span(result_ttl)} after it is first read (a status read, get_result, "
-            f"an Executor future, or a push delivered to one of your connections), or "
-            f"SKYFN_UNRETRIEVED_TTL={_span(unretrieved_ttl)} if it is never read. Collect results sooner after they finish, or have the function return large "
-            "or long-lived results by reference (skyfn.data.default_store().ref(value, ttl=...), or S3) and "
-            "keep the ref.")
+            "an Executor future, or a push delivered to one of your connections), or "
+            f"SKYFN_UNRETRIEVED_TTL={_span(unretrieved_ttl)} if it is never read. Collect results sooner after "
+            "they finish, or have the function return large or long-lived results by reference "
+            "(skyfn.data.default_store().ref(value, ttl=...), or S3) and keep the ref.")
 
 
 def _when(ts: float | None) -> str:
