@@ -79,6 +79,7 @@ bulk('ZADD', 'recent:' .. owner, recent, 2)
 redis.call('ZREMRANGEBYRANK', 'recent:' .. owner, 0, -(tonumber(ARGV[6] or '100000') + 1))
 redis.call('EXPIRE', 'recent:' .. owner, 30 * 86400)
 redis.call('SETNX', 'first:' .. owner, now)
+if ARGV[7] then redis.call('RPUSH', 'outbox', ARGV[7]) end  -- the submission's history record
 return #tasks
 """
 
@@ -391,12 +392,17 @@ class TaskStore:
                                         socket_timeout=SOCKET_TIMEOUT_S), **kw)
 
     # --- submission -------------------------------------------------------------
-    def create(self, owner: str, submission_id: str, rows: list[list[Any]], created: float, queued: float) -> int:
+    def create(self, owner: str, submission_id: str, rows: list[list[Any]], created: float, queued: float,
+               submission_record: dict[str, Any] | None = None) -> int:
         """rows: [task_id, function_id, endpoint_id, payload, max_retries(, function tag(, memo
         key))]; all start QUEUED and count in load:<endpoint> until final (an empty
-        endpoint_id: none). A task with a memo key caches its result when it SUCCEEDS."""
-        return int(self._create(args=[orjson.dumps(rows), f"{created:.6f}", owner, submission_id, f"{queued:.6f}",
-                                      RECENT_MAX]))
+        endpoint_id: none). A task with a memo key caches its result when it SUCCEEDS.
+        `submission_record` goes to the history outbox in the same script (see
+        enqueue_submission_record)."""
+        args = [orjson.dumps(rows), f"{created:.6f}", owner, submission_id, f"{queued:.6f}", RECENT_MAX]
+        if submission_record is not None:
+            args.append(b"sub:" + orjson.dumps(submission_record))
+        return int(self._create(args=args))
 
     # --- memoization (skyfn.protocol.memo) -----------------------------------------
     def memo_lookup(self, owner: str, keys: list[str]) -> list[str | None]:
@@ -432,6 +438,12 @@ class TaskStore:
 
     def idempotent_get(self, owner: str, key: str) -> bytes | None:
         return self.r.get(f"idem:{owner}:{key}")
+
+    def idempotent_claim_or_get(self, owner: str, key: str, seconds: int = 300) -> bytes | None:
+        """Claim the key (None: claimed now) or get what it holds: b'pending' while another
+        attempt holds the claim, else that attempt's stored answer. One round trip
+        (SET NX GET, Redis 7)."""
+        return self.r.set(f"idem:{owner}:{key}", b"pending", nx=True, ex=seconds, get=True)
 
     def idempotent_claim(self, owner: str, key: str, seconds: int = 300) -> bool:
         return bool(self.r.set(f"idem:{owner}:{key}", b"pending", nx=True, ex=seconds))

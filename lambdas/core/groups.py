@@ -155,9 +155,11 @@ def info(owner: str, group_id: str) -> dict[str, Any]:
 
 
 # --- routing a submission ---------------------------------------------------------------
-def route(owner: str, req: SubmitTasks, containers: dict[str, Optional[str]]) -> Routing:
+def route(owner: str, req: SubmitTasks, containers: dict[str, Optional[str]],
+          tags: Optional[dict[str, Optional[str]]] = None) -> Routing:
     """Resolve every task's endpoint: its own or the batch's endpoint_id, or a member of its
-    (or the batch's) group chosen by the group's policy."""
+    (or the batch's) group chosen by the group's policy. `tags`: the functions' tags when
+    the caller has read them already (registry.function_bodies), else they are read."""
     tasks = req.tasks
     if req.endpoint_id and req.group_id:
         raise InvalidGroup("give the batch an endpoint_id or a group_id, not both")
@@ -174,7 +176,7 @@ def route(owner: str, req: SubmitTasks, containers: dict[str, Optional[str]]) ->
     for ep in {v for k, v in targets if k == "e"}:
         registry.check_endpoint(owner, ep)
     routing = Routing(endpoints=[v if k == "e" else "" for k, v in targets],
-                      tags=function_tags({t.function_id for t in tasks}))
+                      tags=tags if tags is not None else function_tags({t.function_id for t in tasks}))
     by_group: dict[str, list[int]] = {}
     for i, (k, v) in enumerate(targets):
         if k == "g":

@@ -21,14 +21,14 @@ def submit_once(owner: str, key: Optional[str], submit: Callable[[], dict[str, A
     if not key:
         return submit(), False
     store = deps.store()
-    previous = store.idempotent_get(owner, key)
-    if previous is not None and previous != b"pending":
+    previous = store.idempotent_claim_or_get(owner, key, seconds=claim_seconds)
+    if previous == b"pending":
+        raise busy()
+    if previous is not None:
         answer = orjson.loads(previous)
         if check is not None:
             check(answer)
         return answer | {"replayed": True}, True
-    if not store.idempotent_claim(owner, key, seconds=claim_seconds):
-        raise busy()
     try:
         answer = submit()
     except BaseException:

@@ -29,6 +29,7 @@ class FunctionBody(NamedTuple):
     memoize: bool
     owner: str | None = None
     name: str | None = None
+    tag: str | None = None  # the placement tag (aAPP) it was registered with
 
 
 def register_function(owner: str, body: RegisterFunction) -> str:
@@ -66,11 +67,12 @@ def function_bodies(owner: str, function_ids: set[str]) -> dict[str, FunctionBod
             _cache_function(item)
             o, b = item["owner"].encode(), item["body"].encode()
             meta = orjson.dumps({"container": item.get("container"), "memoize": item.get("memoize"),
-                                 "name": item.get("name")})
+                                 "name": item.get("name"), "tag": item.get("tag")})
         if o.decode() != owner and not access.allows("function", fid, o.decode(), owner):
             raise NotFound(f"function {fid} not found: register it first (Client.register_function)")
         m = orjson.loads(meta or b"{}")
-        out[fid] = FunctionBody(b.decode(), m.get("container"), bool(m.get("memoize")), o.decode(), m.get("name"))
+        out[fid] = FunctionBody(b.decode(), m.get("container"), bool(m.get("memoize")), o.decode(), m.get("name"),
+                                m.get("tag"))
     return out
 
 

@@ -59,7 +59,7 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> 
     bodies = {fid: f.body for fid, f in functions.items()}
     containers = {fid: f.container for fid, f in functions.items()}
     # each task's endpoint: its own or the batch's, or one its endpoint group's policy picks
-    routing = groups.route(owner, req, containers)
+    routing = groups.route(owner, req, containers, {fid: f.tag for fid, f in functions.items()})
     # endpoints that list their allowed functions refuse the others (403), before anything is stored
     allowlist.enforce(zip(routing.endpoints, (t.function_id for t in tasks)), functions)
     store = deps.store()
@@ -88,9 +88,12 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> 
         push.notify(notices, {r[0]: ("SUCCEEDED", r[3], None, None) for r in hit_rows})
     if key:  # perhaps a retry of an attempt that stored its tasks and then failed
         rows, by_endpoint = _not_yet_queued(store, rows, by_endpoint, task_ids)
+    record = {"submission_id": submission_id, "owner": owner, "created": created, "task_count": len(task_ids),
+              "endpoints": sorted(by_endpoint), "idempotency_key": req.idempotency_key,
+              "first_task_id": task_ids[0], "last_task_id": task_ids[-1]}
     queued = time.time()
-    if rows:
-        store.create(owner, submission_id, rows, created, queued)
+    if rows:  # the submission's history record goes out in the same script
+        store.create(owner, submission_id, rows, created, queued, submission_record=record)
     if routing.refused:  # the group's policy placed them nowhere (followup: fail)
         push.notify(store.finish([[task_ids[i], "FAILED", None, None, reason, ""]
                                   for i, reason in routing.refused.items() if i not in cached])[3])
@@ -106,11 +109,8 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> 
             push.notify(store.fail_unqueued([tid for tid in task_ids if tid not in sent], f"could not be queued: {exc}"))
         raise Unavailable(f"the task queue refused the submission ({type(exc).__name__}); retry with the same "
                           "idempotency key") from exc
-    store.enqueue_submission_record({
-        "submission_id": submission_id, "owner": owner, "created": created, "task_count": len(task_ids),
-        "endpoints": sorted(by_endpoint), "idempotency_key": req.idempotency_key,
-        "first_task_id": task_ids[0], "last_task_id": task_ids[-1],
-    })
+    if not rows:
+        store.enqueue_submission_record(record)
     return {"submission_id": submission_id, "task_ids": task_ids, "replayed": False}
 
 
