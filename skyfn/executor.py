@@ -348,7 +348,11 @@ class Executor(_BaseExecutor):
                         if self._queue:
                             now = time.monotonic()
                             due = min(self._last_enqueued + _QUIET, self._first_enqueued + self.batch_interval)
-                            if self._flush_now or self._shutdown or len(self._queue) >= self.batch_size or now >= due:
+                            # a lone task while nothing is in flight goes at once: waiting for
+                            # company only delays a single call (its round trip)
+                            lone = len(self._queue) == 1 and not self._outstanding and not self._inflight
+                            if (self._flush_now or self._shutdown or lone or len(self._queue) >= self.batch_size
+                                    or now >= due):
                                 batch = self._queue[: self.batch_size]
                                 del self._queue[: len(batch)]
                                 self._inflight = [item[0] for item in batch]
