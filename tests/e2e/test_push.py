@@ -166,8 +166,8 @@ def test_push_message_chain(client, endpoint_id):
     channel.close()
     assert set(seen) == set(ids)
     assert all(st["state"] == "SUCCEEDED" for st in seen.values())
-    # each entry names the one before it; later entries sort later (other tests' completions
-    # that are never pushed, e.g. expired leases, may sit between two of ours)
+    # each entry names the one before it; later entries sort later (completions of other
+    # tests' tasks, pushed before this channel subscribed, may sit between two of ours)
     keys = [cursor_key(cursor)] + [cursor_key(c) for _, c in chain]
     assert keys == sorted(keys) and len(set(keys)) == len(keys)
     assert all(cursor_key(p) < cursor_key(c) for p, c in chain)
