@@ -13,8 +13,8 @@ attempts instead (``retries=2`` gives up after three).
 
 urllib3 rather than a ``requests.Session``: requests re-reads the environment (proxies,
 CA bundle, netrc) and runs its hooks on every call, about half a millisecond each on the
-single-task round trip. The environment is read once here, with the same rules
-(HTTP(S)_PROXY / NO_PROXY, REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE, else certifi's bundle).
+single-task round trip. requests' own rules read the environment once, when the client is
+made (connection_pool).
 """
 from __future__ import annotations
 
@@ -55,31 +55,24 @@ class SkyfnConnectionError(SkyfnError, ConnectionError):
     """The service could not be reached (after retries)."""
 
 
-def _ca_bundle() -> Optional[str]:
-    import os
-
-    for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
-        if os.environ.get(name):
-            return os.environ[name]
-    try:
-        import certifi
-
-        return certifi.where()
-    except ImportError:
-        return None
-
-
 def connection_pool(base_url: str, pool_size: int) -> urllib3.PoolManager:
-    """A pool for `base_url`, through the proxy the environment names for it, if any."""
+    """A pool for `base_url`, with the proxy and CA bundle requests would choose from the
+    environment (HTTP(S)_PROXY / NO_PROXY, REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE, certifi),
+    read once here instead of on every call."""
+    import requests
     from urllib.parse import urlsplit
-    from urllib.request import getproxies, proxy_bypass
 
-    parts = urlsplit(base_url)
+    env = requests.Session().merge_environment_settings(base_url, {}, None, None, None)
+    scheme = urlsplit(base_url).scheme
     kw: dict[str, Any] = {"num_pools": 2, "maxsize": pool_size, "block": False}
-    if parts.scheme == "https":
-        kw["ca_certs"] = _ca_bundle()
-    proxy = getproxies().get(parts.scheme)
-    if proxy and not proxy_bypass(parts.hostname or ""):
+    if scheme == "https":
+        verify = env["verify"]
+        if verify is False:
+            kw["cert_reqs"] = "CERT_NONE"
+        else:
+            kw["ca_certs"] = verify if isinstance(verify, str) else requests.certs.where()
+    proxy = env["proxies"].get(scheme) or env["proxies"].get("all")
+    if proxy:
         return urllib3.ProxyManager(proxy, **kw)
     return urllib3.PoolManager(**kw)
 

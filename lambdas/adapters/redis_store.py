@@ -436,9 +436,6 @@ class TaskStore:
         hanging. Returns the notices of those it failed (for push.notify)."""
         return self.finish([[tid, "FAILED", None, None, reason, ""] for tid in task_ids])[3]
 
-    def idempotent_get(self, owner: str, key: str) -> bytes | None:
-        return self.r.get(f"idem:{owner}:{key}")
-
     def idempotent_claim_or_get(self, owner: str, key: str, seconds: int = 300) -> bytes | None:
         """Claim the key (None: claimed now) or get what it holds: b'pending' while another
         attempt holds the claim, else that attempt's stored answer. One round trip

@@ -123,3 +123,22 @@ def test_retry_seconds_bounds_the_wait_for_an_unreachable_service(skyfn_home):
     c = Client(service_url=f"http://127.0.0.1:{free_port()}", token="t", backoff=0.01, retry_seconds=0.5)
     with pytest.raises(SkyfnConnectionError, match="cannot reach the skyfn service"):
         c.list_endpoints()
+
+
+def test_transport_reads_proxies_and_ca_bundle_from_the_environment_once(monkeypatch, tmp_path):
+    """requests' environment rules, applied when the client is made."""
+    import urllib3
+
+    from skyfn.http import connection_pool
+
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("")
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "example.org")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(bundle))
+    proxied = connection_pool("https://svc.example.com", 4)
+    assert isinstance(proxied, urllib3.ProxyManager) and proxied.proxy.port == 9
+    assert proxied.connection_pool_kw["ca_certs"] == str(bundle)
+    direct = connection_pool("https://example.org", 4)
+    assert type(direct) is urllib3.PoolManager
+    assert type(connection_pool("http://127.0.0.1:1", 4)) is urllib3.PoolManager
