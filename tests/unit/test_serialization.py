@@ -35,6 +35,10 @@ class Point:
         return (self.x, self.y) == (other.x, other.y)
 
 
+class MyStr(str):
+    pass
+
+
 @pytest.mark.parametrize("value, strategy", [
     ({"a": [1, 2.5, "x", None, True]}, "json"),
     ([1, 2, 3], "json"),
@@ -44,6 +48,13 @@ class Point:
     (Point(1, 2), "pickle"),
     (b"\x00\xff", "pickle"),
     (float("nan"), "pickle"),
+    ([1, (2,)], "pickle"),  # a tuple anywhere inside
+    ({"a": {"b": [None, False, {"c": {3: 4}}]}}, "pickle"),
+    (2 ** 70, "json"),  # past 64 bits: written by the standard library, read back exactly
+    ([-(2 ** 63), 2 ** 64 - 1, 2 ** 64], "json"),
+    ({"x": [float("inf"), float("-inf"), -0.0, 5e-324]}, "json"),
+    ({"é☃": "ü\u2028"}, "json"),
+    (MyStr("sub"), "pickle"),  # subclasses are not plain: they would come back as their base type
 ])
 def test_data_round_trip_with_first_fitting_strategy(value, strategy):
     buf = serialize(value)
@@ -54,6 +65,27 @@ def test_data_round_trip_with_first_fitting_strategy(value, strategy):
         assert out != out
     else:
         assert out == value and type(out) is type(value)
+
+
+def test_json_values_are_the_same_with_or_without_orjson(monkeypatch):
+    """Workers of another Python may lack orjson: the standard library writes the same values."""
+    ser = sys.modules["skyfn.protocol.serialize"]  # the package exports a function of the same name
+
+    value = {"a": [1, 2.5, "é", None, True, {"b": [[], {}]}], "k": {"n": -7}}
+    fast = serialize(value)
+    monkeypatch.setattr(ser, "orjson", None)
+    slow = serialize(value)
+    assert deserialize(fast) == deserialize(slow) == value
+
+
+def test_json_nesting_past_100_levels_falls_back_to_pickle():
+    deep = inner = []
+    for _ in range(150):
+        inner.append([])
+        inner = inner[0]
+    buf = serialize(deep)
+    assert strategy_of(buf) == "pickle" and deserialize(buf) == deep
+    assert strategy_of(serialize([[[1]]])) == "json"
 
 
 def test_lambda_goes_by_value():
