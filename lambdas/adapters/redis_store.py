@@ -51,6 +51,8 @@ end
 _CREATE = _BULK + """
 local now = ARGV[2]
 local tasks = cjson.decode(ARGV[1])
+-- a keyed retry of an attempt that created its tasks (all in one script: all or none)
+if ARGV[7] == '1' and tasks[1] and redis.call('EXISTS', 't:' .. tasks[1][1]) == 1 then return -1 end
 local owner, sub = ARGV[3], ARGV[4]
 local ev = 'CREATED@' .. now .. ';QUEUED@' .. ARGV[5] .. ';'
 local recent, load = {}, {}
@@ -79,7 +81,7 @@ bulk('ZADD', 'recent:' .. owner, recent, 2)
 redis.call('ZREMRANGEBYRANK', 'recent:' .. owner, 0, -(tonumber(ARGV[6] or '100000') + 1))
 redis.call('EXPIRE', 'recent:' .. owner, 30 * 86400)
 redis.call('SETNX', 'first:' .. owner, now)
-if ARGV[7] then redis.call('RPUSH', 'outbox', ARGV[7]) end  -- the submission's history record
+if ARGV[8] then redis.call('RPUSH', 'outbox', ARGV[8]) end  -- the submission's history record
 return #tasks
 """
 
@@ -393,13 +395,15 @@ class TaskStore:
 
     # --- submission -------------------------------------------------------------
     def create(self, owner: str, submission_id: str, rows: list[list[Any]], created: float, queued: float,
-               submission_record: dict[str, Any] | None = None) -> int:
+               submission_record: dict[str, Any] | None = None, only_if_new: bool = False) -> int:
         """rows: [task_id, function_id, endpoint_id, payload, max_retries(, function tag(, memo
         key))]; all start QUEUED and count in load:<endpoint> until final (an empty
         endpoint_id: none). A task with a memo key caches its result when it SUCCEEDS.
         `submission_record` goes to the history outbox in the same script (see
-        enqueue_submission_record)."""
-        args = [orjson.dumps(rows), f"{created:.6f}", owner, submission_id, f"{queued:.6f}", RECENT_MAX]
+        enqueue_submission_record). Returns how many were created, or -1, creating
+        nothing, when `only_if_new` and the first task exists (a retried submission)."""
+        args = [orjson.dumps(rows), f"{created:.6f}", owner, submission_id, f"{queued:.6f}", RECENT_MAX,
+                "1" if only_if_new else "0"]
         if submission_record is not None:
             args.append(b"sub:" + orjson.dumps(submission_record))
         return int(self._create(args=args))

@@ -54,20 +54,29 @@ def update(endpoint_id: str, entries: Optional[list[AllowedFunction]]) -> None:
         db.put_endpoint(item)
 
 
-def enforce(pairs: Iterable[tuple[str, str]], functions: Mapping[str, object]) -> None:
+def enforce(pairs: Iterable[tuple[str, str]], functions: Mapping[str, object],
+            known: Optional[Mapping[str, Mapping[str, str]]] = None) -> None:
     """Raise Forbidden for the first (endpoint, function) pair the endpoint's list refuses.
-    `functions` maps function ids to registry.FunctionBody (owner and name)."""
+    `functions` maps function ids to registry.FunctionBody (owner and name); `known`, the
+    hot records of endpoints this request has read already (groups.Routing.records)."""
     wanted: dict[str, set[str]] = {}
     for ep, fid in pairs:
         if ep:
             wanted.setdefault(ep, set()).add(fid)
     if not wanted:
         return
+    known = known or {}
     eps = sorted(wanted)
-    pipe = deps.redis_client().pipeline(transaction=False)
+    unread = [ep for ep in eps if ep not in known]
+    lists: dict[str, tuple[Optional[bytes | str], Optional[bytes | str]]] = {
+        ep: (known[ep].get(FIELD), known[ep].get("name")) for ep in eps if ep in known}
+    if unread:
+        pipe = deps.redis_client().pipeline(transaction=False)
+        for ep in unread:
+            pipe.hmget(f"ep:{ep}", FIELD, "name")
+        lists.update(zip(unread, (tuple(v) for v in pipe.execute())))
     for ep in eps:
-        pipe.hmget(f"ep:{ep}", FIELD, "name")
-    for ep, (raw, name) in zip(eps, pipe.execute()):
+        raw, name = lists[ep]
         entries = decode(raw)
         if entries is None:
             continue
@@ -75,6 +84,8 @@ def enforce(pairs: Iterable[tuple[str, str]], functions: Mapping[str, object]) -
             fn = functions.get(fid)
             owner, fname = getattr(fn, "owner", None), getattr(fn, "name", None)
             if not permits(entries, fid, owner, fname):
-                label = f"{ep} ({name.decode()})" if name else ep
+                if isinstance(name, bytes):
+                    name = name.decode()
+                label = f"{ep} ({name})" if name else ep
                 raise Forbidden(refusal(label, fid, owner, fname),
                                 {"endpoint_id": ep, "function_id": fid, "reason": "function_not_allowed"})

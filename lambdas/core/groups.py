@@ -55,6 +55,7 @@ class Routing:
     endpoints: list[str]                                   # '' for a task the policy refused
     tags: dict[str, Optional[str]] = field(default_factory=dict)   # function id -> tag
     refused: dict[int, str] = field(default_factory=dict)  # task index -> reason
+    records: dict[str, dict[str, str]] = field(default_factory=dict)  # endpoint named directly -> its hot record
 
 
 @functools.lru_cache(maxsize=256)
@@ -173,10 +174,10 @@ def route(owner: str, req: SubmitTasks, containers: dict[str, Optional[str]],
             targets.append(("e", req.endpoint_id) if req.endpoint_id else ("g", req.group_id))
         else:
             raise NotFound(f"task {i} has no endpoint: give endpoint_id or group_id for the batch or for each task")
-    for ep in {v for k, v in targets if k == "e"}:
-        registry.check_endpoint(owner, ep)
+    records = {ep: registry.check_endpoint(owner, ep) for ep in {v for k, v in targets if k == "e"}}
     routing = Routing(endpoints=[v if k == "e" else "" for k, v in targets],
-                      tags=tags if tags is not None else function_tags({t.function_id for t in tasks}))
+                      tags=tags if tags is not None else function_tags({t.function_id for t in tasks}),
+                      records=records)
     by_group: dict[str, list[int]] = {}
     for i, (k, v) in enumerate(targets):
         if k == "g":

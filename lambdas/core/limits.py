@@ -41,12 +41,23 @@ class Verdict:
     burst: float
 
 
+_script: tuple | None = None  # (client, its registered _TAKE): EVALSHA, the script body is not resent
+
+
+def _take_script():
+    global _script
+    client = deps.redis_client()
+    if _script is None or _script[0] is not client:
+        _script = (client, client.register_script(_TAKE))
+    return _script[1]
+
+
 def take(principal: str) -> Verdict:
     s = settings()
     rate, burst = s.rate_per_second, s.rate_burst
     if rate <= 0:  # limits switched off
         return Verdict(True, 0.0, rate, burst)
-    ok, tokens = deps.redis_client().eval(_TAKE, 1, f"rl:{principal}", repr(rate), repr(burst))
+    ok, tokens = _take_script()(keys=[f"rl:{principal}"], args=[repr(rate), repr(burst)])
     if int(ok):
         return Verdict(True, 0.0, rate, burst)
     return Verdict(False, max(0.001, (1 - float(tokens)) / rate), rate, burst)

@@ -168,11 +168,13 @@ def _endpoint_record(endpoint_id: str) -> dict[str, str] | None:
     return raw
 
 
-def check_endpoint(owner: str, endpoint_id: str) -> None:
-    """The caller (`owner`) may run tasks on the endpoint: owns it or was granted a role."""
+def check_endpoint(owner: str, endpoint_id: str) -> dict[str, str]:
+    """The caller (`owner`) may run tasks on the endpoint: owns it or was granted a role.
+    Returns the endpoint's hot record (its allowlist among it), read once per request."""
     rec = _endpoint_record(endpoint_id)
     if rec is None or not access.allows("endpoint", endpoint_id, rec["o"], owner):
         raise NotFound(f"endpoint {endpoint_id} not found: list yours with Client.list_endpoints()")
+    return rec
 
 
 def endpoint_info(owner: str, endpoint_id: str) -> EndpointInfo:

@@ -61,7 +61,7 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> 
     # each task's endpoint: its own or the batch's, or one its endpoint group's policy picks
     routing = groups.route(owner, req, containers, {fid: f.tag for fid, f in functions.items()})
     # endpoints that list their allowed functions refuse the others (403), before anything is stored
-    allowlist.enforce(zip(routing.endpoints, (t.function_id for t in tasks)), functions)
+    allowlist.enforce(zip(routing.endpoints, (t.function_id for t in tasks)), functions, routing.records)
     store = deps.store()
     memo_keys = memo.keys(req, functions)
     cached = memo.hits(store, owner, memo_keys)  # answered from the cache: never queued
@@ -86,14 +86,17 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> 
     if hit_rows:
         _, notices = store.create_memo_hits_notify(owner, submission_id, hit_rows, created)
         push.notify(notices, {r[0]: ("SUCCEEDED", r[3], None, None) for r in hit_rows})
-    if key:  # perhaps a retry of an attempt that stored its tasks and then failed
-        rows, by_endpoint = _not_yet_queued(store, rows, by_endpoint, task_ids)
     record = {"submission_id": submission_id, "owner": owner, "created": created, "task_count": len(task_ids),
               "endpoints": sorted(by_endpoint), "idempotency_key": req.idempotency_key,
               "first_task_id": task_ids[0], "last_task_id": task_ids[-1]}
     queued = time.time()
-    if rows:  # the submission's history record goes out in the same script
-        store.create(owner, submission_id, rows, created, queued, submission_record=record)
+    # the submission's history record goes out in the same script; with a key this may be
+    # the retry of an attempt that stored its tasks and then failed: the script says so
+    if rows and store.create(owner, submission_id, rows, created, queued, submission_record=record,
+                             only_if_new=bool(key)) < 0:
+        rows, by_endpoint = _not_yet_queued(store, rows, by_endpoint, task_ids)
+        if rows:
+            store.create(owner, submission_id, rows, created, queued, submission_record=record)
     if routing.refused:  # the group's policy placed them nowhere (followup: fail)
         push.notify(store.finish([[task_ids[i], "FAILED", None, None, reason, ""]
                                   for i, reason in routing.refused.items() if i not in cached])[3])
@@ -120,8 +123,6 @@ def _not_yet_queued(store, rows, by_endpoint, task_ids):
     attempt may have failed before sending them; sending one twice only runs it twice,
     its result is stored once). Tasks that moved on are left alone."""
     ids = [row[0] for row in rows]  # memo hits are not among them: they are never queued
-    if not ids or not store.r.exists(f"t:{ids[0]}"):  # created in one script: all or none
-        return rows, by_endpoint
     pipe = store.r.pipeline(transaction=False)
     for tid in ids:
         pipe.hget(f"t:{tid}", "s")
