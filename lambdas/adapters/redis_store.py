@@ -5,7 +5,7 @@ Every state change is an atomic compare-and-set in a Lua script that takes a who
 batch at once, so a batch of 10,000 tasks costs a handful of round trips. Key layout:
 
   t:<task>         hash: o owner, f function, e endpoint, sub submission, s state,
-                   r retries, mr max retries, c created, p payload, ev events
+                   r retries, mr max retries, c created, ev events
                    ('STATE@ts;' appended), res result, err error, why reason,
                    rt retrieved at, h 1 once written to the durable history
   leases           zset task -> lease deadline (DISPATCHED/RUNNING tasks)
@@ -57,10 +57,9 @@ local owner, sub = ARGV[3], ARGV[4]
 local ev = 'CREATED@' .. now .. ';QUEUED@' .. ARGV[5] .. ';'
 local recent, load = {}, {}
 for i, t in ipairs(tasks) do
-  local f = {'o', owner, 'f', t[2], 'e', t[3], 'sub', sub, 's', 'QUEUED', 'r', 0, 'mr', t[5], 'c', now, 'p', t[4],
-             'ev', ev}
-  if t[7] and t[7] ~= cjson.null then f[#f + 1] = 'mk'; f[#f + 1] = t[7] end
-  local tag = t[6]
+  local f = {'o', owner, 'f', t[2], 'e', t[3], 'sub', sub, 's', 'QUEUED', 'r', 0, 'mr', t[4], 'c', now, 'ev', ev}
+  if t[6] and t[6] ~= cjson.null then f[#f + 1] = 'mk'; f[#f + 1] = t[6] end
+  local tag = t[5]
   if tag and tag ~= cjson.null and tag ~= '' then
     f[#f + 1] = 'tg'; f[#f + 1] = tag
   else
@@ -132,7 +131,6 @@ for i, r in ipairs(rows) do
     if r[7] and r[7] ~= cjson.null then f[#f + 1] = 'so'; f[#f + 1] = r[7] end
     if r[8] and r[8] ~= cjson.null then f[#f + 1] = 'se'; f[#f + 1] = r[8] end
     redis.call('HSET', key, unpack(f))
-    redis.call('HDEL', key, 'p')
     if v[2] and v[2] ~= '' then
       local per = unload[v[2]]
       if not per then per = {}; unload[v[2]] = per end
@@ -246,7 +244,6 @@ for i, id in ipairs(ids) do
       local reason = 'lease expired ' .. r .. ' times (the endpoint agent running it was lost); retry budget max_retries=' .. mr .. ' exhausted'
       redis.call('HSET', key, 's', 'FAILED', 'why', reason,
                  'ev', (redis.call('HGET', key, 'ev') or '') .. 'FAILED@' .. now .. ';')
-      redis.call('HDEL', key, 'p')
       unload(key)
       redis.call('ZADD', 'purge', tonumber(now) + tonumber(ARGV[3]), id)
       redis.call('RPUSH', 'outbox', id)
@@ -281,7 +278,6 @@ if s == 'CANCELLED' then return {'OK', redis.call('HGET', key, 'e')} end
 if s == 'SUCCEEDED' or s == 'FAILED' or s == 'TIMED_OUT' then return {s, false} end
 redis.call('HSET', key, 's', 'CANCELLED', 'why', ARGV[5],
            'ev', (redis.call('HGET', key, 'ev') or '') .. 'CANCELLED@' .. ARGV[3] .. ';')
-redis.call('HDEL', key, 'p')
 unload(key)
 redis.call('ZREM', 'leases', ARGV[1])
 redis.call('ZADD', 'purge', tonumber(ARGV[3]) + tonumber(ARGV[4]), ARGV[1])
@@ -396,8 +392,8 @@ class TaskStore:
     # --- submission -------------------------------------------------------------
     def create(self, owner: str, submission_id: str, rows: list[list[Any]], created: float, queued: float,
                submission_record: dict[str, Any] | None = None, only_if_new: bool = False) -> int:
-        """rows: [task_id, function_id, endpoint_id, payload, max_retries(, function tag(, memo
-        key))]; all start QUEUED and count in load:<endpoint> until final (an empty
+        """rows: [task_id, function_id, endpoint_id, max_retries(, function tag(, memo key))];
+        all start QUEUED and count in load:<endpoint> until final (an empty
         endpoint_id: none). A task with a memo key caches its result when it SUCCEEDS.
         `submission_record` goes to the history outbox in the same script (see
         enqueue_submission_record). Returns how many were created, or -1, creating

@@ -180,7 +180,7 @@ def chunk_failed(event: dict[str, Any]) -> dict[str, Any]:
         pipe.exists(f"t:{tid}")
     exists = pipe.execute()
     created = [tid for tid, e in zip(ids, exists) if e]
-    missing = [[tid, chunk["function_id"], chunk["endpoint_id"], "", chunk["max_retries"]]
+    missing = [[tid, chunk["function_id"], chunk["endpoint_id"], chunk["max_retries"]]
                for tid, e in zip(ids, exists) if not e]
     store = deps.store()
     if missing:

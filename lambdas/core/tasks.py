@@ -80,7 +80,7 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> 
             continue
         if ep:
             by_endpoint.setdefault(ep, []).append(i)
-        rows.append([tid, t.function_id, ep, t.payload, t.max_retries if t.max_retries is not None else req.max_retries,
+        rows.append([tid, t.function_id, ep, t.max_retries if t.max_retries is not None else req.max_retries,
                      tag, memo_keys[i]])
 
     if hit_rows:

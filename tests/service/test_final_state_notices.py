@@ -22,7 +22,7 @@ def store(redis_url):
 def _create(store: TaskStore, owner: str, n: int, max_retries: int = 0, endpoint: str = "ep1") -> list[str]:
     ids = [str(uuid.uuid4()) for _ in range(n)]
     now = time.time()
-    store.create(owner, "sub", [[tid, "fn", endpoint, "payload", max_retries] for tid in ids], now, now)
+    store.create(owner, "sub", [[tid, "fn", endpoint, max_retries] for tid in ids], now, now)
     return ids
 
 

@@ -206,7 +206,7 @@ def test_apigw_posts_cancels_and_reaper_failures_to_subscribed_connections(apigw
     push.remember("alice", "conn-idle", subscribed=False)  # connected, never subscribed: nothing for it
     now = time.time()
     ids = [f"task-{i}" for i in range(3)]
-    store.create("alice", "sub", [[tid, "fn", "ep1", "p", 0] for tid in ids], now, now)
+    store.create("alice", "sub", [[tid, "fn", "ep1", 0] for tid in ids], now, now)
 
     assert push.notify(store.cancel("alice", ids[0])[2]) == 1
     store.progress([[ids[1], "RUNNING", now, -10]])
@@ -250,7 +250,7 @@ def test_apigw_peek_connections_get_the_pushes_without_consuming_results(apigw):
 
     now = time.time()
     ids = [f"task-{i}" for i in range(2)]
-    store.create("alice", "sub", [[tid, "fn", "ep1", "p", 0] for tid in ids], now, now)
+    store.create("alice", "sub", [[tid, "fn", "ep1", 0] for tid in ids], now, now)
     _, _, _, notices = store.finish([[ids[0], "SUCCEEDED", "json 3.11\n1", None, None, ""]])
     unread_until = store.r.zscore("purge", ids[0])
     assert push.notify(notices) == 1

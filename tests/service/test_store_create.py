@@ -11,7 +11,7 @@ from lambdas.adapters.redis_store import TaskStore
 def test_create_only_if_new_refuses_a_retry_and_changes_nothing(redis_url):
     store = TaskStore.from_url(redis_url)
     ids = [str(uuid.uuid4()) for _ in range(3)]
-    rows = [[tid, "fn", "ep1", "payload", 0] for tid in ids]
+    rows = [[tid, "fn", "ep1", 0] for tid in ids]
     now = time.time()
     assert store.create("alice", "sub", rows, now, now, only_if_new=True) == 3
     before = {tid: store.r.hgetall(f"t:{tid}") for tid in ids}
@@ -21,6 +21,6 @@ def test_create_only_if_new_refuses_a_retry_and_changes_nothing(redis_url):
     assert {tid: store.r.hgetall(f"t:{tid}") for tid in ids} == before
     assert store.r.hgetall("load:ep1") == load == {b"_": b"3"}
     assert store.r.llen("outbox") == outbox  # no second submission record
-    fresh = [[str(uuid.uuid4()), "fn", "ep1", "payload", 0]]
+    fresh = [[str(uuid.uuid4()), "fn", "ep1", 0]]
     assert store.create("alice", "sub", fresh, now, now, only_if_new=True) == 1
     assert store.create("alice", "sub", rows, now, now) == 3  # unguarded: written again, as before
