@@ -58,6 +58,10 @@ def done_message(prev: str, cursor: str, ids: list[str], statuses: Iterable[dict
                  max_bytes: int = MAX_MESSAGE_BYTES) -> bytes:
     """One completion-stream entry as a push message: every id, plus as many small
     statuses as fit in ``max_bytes`` (the rest are fetched by the client)."""
+    statuses = list(statuses)
+    whole = orjson.dumps({"type": "done", "prev": prev, "cursor": cursor, "ids": ids, "tasks": statuses})
+    if len(whole) <= max_bytes:  # the usual case: everything fits, measured by encoding once
+        return whole
     budget = max_bytes - 64 - len(prev) - len(cursor) - sum(len(i) + 3 for i in ids)
     tasks = []
     for st in statuses:  # a bound on the encoded size, without encoding each status twice

@@ -73,7 +73,7 @@ def now() -> float:
 
 def format_events(events: list[tuple[str, float]]) -> str:
     """Events are stored compactly as 'STATE@ts;STATE@ts' (append-only string)."""
-    return "".join(f"{state}@{ts:.6f};" for state, ts in events)
+    return "".join([f"{state}@{ts:.6f};" for state, ts in events])
 
 
 def parse_events(text: str | None) -> list[tuple[str, float]]:
