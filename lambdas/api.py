@@ -8,7 +8,7 @@ ready-made bodies; the OpenAPI document still describes them with their models.
 from __future__ import annotations
 
 import base64
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 import orjson
 import redis
@@ -212,8 +212,11 @@ def list_tasks(since: Annotated[float, Query(ge=0)] = 0.0,
 
 
 @app.get("/tasks/<task_id>", responses={**_ok(200, TaskInfo), **_errors(401, 404, 422)})
-def get_task(task_id: IdPath):
-    return _json(200, tasks.get(_user(), task_id).model_dump(exclude_none=True))
+def get_task(task_id: IdPath,
+             peek: Annotated[Literal["true", "false"], Query(
+                 description="true: observe only, a finished task is not marked retrieved, so its result's purge "
+                             "clock (SKYFN_RESULT_TTL) does not start; exactly 'true' or 'false'")] = "false"):
+    return _json(200, tasks.get(_user(), task_id, peek=peek == "true").model_dump(exclude_none=True))
 
 
 @app.delete("/tasks/<task_id>", responses={**_ok(200, TaskStatus), **_errors(401, 404, 409, 422)})

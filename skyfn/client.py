@@ -282,11 +282,17 @@ class Client:
         return {**task, "payload": blobs.make_ref(blobs.upload(form, data))}
 
     # -- reading --------------------------------------------------------------------
-    def get_task(self, task_id: str) -> dict:
+    def get_task(self, task_id: str, *, peek: bool = False) -> dict:
         """GET /tasks/{id}: state, events, retries, function, endpoint, and result/error
-        buffers when final. Raises TaskNotFound for an unknown id."""
+        buffers when final. Raises TaskNotFound for an unknown id.
+
+        Reading a finished task counts as retrieving its result: the service drops it
+        SKYFN_RESULT_TTL (600 s) later. ``peek=True`` only observes (the result stays
+        until it is read for real)."""
+        if not isinstance(peek, bool):
+            raise TypeError(f"get_task: peek must be True or False, not {peek!r}")
         try:
-            return self._http.get(f"/tasks/{quote(task_id, safe='')}")
+            return self._http.get(f"/tasks/{quote(task_id, safe='')}" + ("?peek=true" if peek else ""))
         except SkyfnAPIError as exc:
             if exc.status == 404:
                 raise TaskNotFound(task_id, exc.message) from None

@@ -291,7 +291,9 @@ def _history_row(hist: dict[str, Any], include_events: bool) -> HistoryRow:
                       int(hist.get("retries", 0)), events if include_events else None, finished=finished)
 
 
-def get(owner: str, task_id: str) -> TaskInfo:
+def get(owner: str, task_id: str, peek: bool = False) -> TaskInfo:
+    """One task. Reading a finished task marks its result retrieved (purged
+    SKYFN_RESULT_TTL later) unless `peek`."""
     store = deps.store()
     rec = store.record(task_id)
     if not rec or rec.get("o") != owner:
@@ -303,7 +305,7 @@ def get(owner: str, task_id: str) -> TaskInfo:
                         retries=int(hist.get("retries", 0)), events=row.events, result_expired=result_expired(row),
                         function_id=hist["function_id"], endpoint_id=hist["endpoint_id"],
                         submission_id=hist["submission_id"], owner=owner, created=float(hist["created"]))
-    if rec["s"] in FINAL_STATES:
+    if rec["s"] in FINAL_STATES and not peek:
         store.status(owner, [task_id])  # marks it retrieved, so it is purged after the TTL
     return TaskInfo(task_id=task_id, state=rec["s"], result=rec.get("res"), result_url=blobs.result_url(rec.get("res")),
                     error=rec.get("err"),

@@ -215,7 +215,7 @@ class TaskList(BaseModel):
 class ExpiredResult(BaseModel):
     """Why a SUCCEEDED task comes without its result: the hot store purged it and the
     durable history keeps no results. Results are kept `result_ttl` seconds after they are
-    first read (a status read without peek, GET /tasks/{id}, a push delivered to a
+    first read (a status read without peek, GET /tasks/{id} without peek, a push delivered to a
     connection subscribed without peek), `unretrieved_ttl` seconds when never read."""
     finished: Optional[float] = Field(default=None, description="when the task finished (epoch seconds)")
     result_ttl: float = Field(description="seconds a result is kept after it is first read (SKYFN_RESULT_TTL)")

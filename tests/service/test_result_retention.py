@@ -163,3 +163,83 @@ def test_failed_tasks_read_from_the_history_are_not_expired_results(short_ttl):
     assert not deps.redis_client().exists(f"t:{tid}")
     got = status(api, [tid])[tid]
     assert got["state"] == "FAILED" and got["reason"] == "the node went away" and "result_expired" not in got
+
+
+def _get(api, task_id, query=""):
+    """GET /tasks/{id}[?query] as API Gateway delivers it (the query string parsed)."""
+    import json
+    from urllib.parse import parse_qs
+
+    from lambdas.api import handler
+    from tests.service.conftest import Context, api_event
+
+    event = api_event("GET", f"/tasks/{task_id}", None, api.token)
+    if query:
+        multi = parse_qs(query, keep_blank_values=True)
+        event["queryStringParameters"] = {k: v[-1] for k, v in multi.items()}
+        event["multiValueQueryStringParameters"] = multi
+    resp = handler(event, Context())
+    return resp["statusCode"], json.loads(resp["body"])
+
+
+def test_get_task_with_peek_leaves_the_result_past_the_retention_window(short_ttl, finished):
+    from lambdas.history import flush
+    from lambdas.reaper import reap
+
+    api = short_ttl
+    (peeked, read, defaulted), done = finished
+    for _ in range(2):
+        code, info = _get(api, peeked, "peek=true")
+        assert code == 200 and info["state"] == "SUCCEEDED" and info["result"] == "json 3.11\n1"
+    assert kept(peeked) == (None, pytest.approx(done + UNRETRIEVED_TTL, abs=5))
+
+    before = time.time()
+    code, info = _get(api, read, "peek=false")
+    assert code == 200 and info["result"] == "json 3.11\n2"
+    code, info = _get(api, defaulted)  # no peek: a plain read, as before
+    assert code == 200 and info["result"] == "json 3.11\n3"
+    for task_id in (read, defaulted):
+        rt, purge_at = kept(task_id)
+        assert rt is not None and before <= float(rt) <= time.time()
+        assert purge_at == pytest.approx(float(rt) + RESULT_TTL, abs=0.01)
+
+    assert flush()["tasks"] == 3
+    time.sleep(RESULT_TTL + 0.2)  # past the retention window of a read result
+    assert reap()["purged"] == 2
+    code, info = _get(api, peeked)
+    assert code == 200 and info["result"] == "json 3.11\n1" and "result_expired" not in info
+    for task_id in (read, defaulted):
+        code, info = _get(api, task_id, "peek=true")
+        assert code == 200 and info["state"] == "SUCCEEDED" and info.get("result") is None
+        assert info["result_expired"]["result_ttl"] == RESULT_TTL
+
+
+@pytest.mark.parametrize("query", ["peek=1", "peek=yes", "peek=True", "peek=", "peek=truee"])
+def test_get_task_peek_is_true_or_false(short_ttl, finished, query):
+    api = short_ttl
+    (task_id, *_), _ = finished
+    code, body = _get(api, task_id, query)
+    assert code == 422, body
+    assert body["error"] == "invalid_request"
+    assert "peek" in body["message"] and "'true'" in body["message"] and "'false'" in body["message"], body
+    assert kept(task_id)[0] is None  # a refused read marks nothing
+
+
+def test_the_sdk_get_task_peeks_through_the_gateway(short_ttl, finished):
+    from infra.local.gateway import Gateway
+    from lambdas.api import handler
+    from skyfn import Client
+
+    api = short_ttl
+    (peeked, read, _), _ = finished
+    with Gateway(handler, concurrency=1) as gateway:
+        client = Client(gateway.url, api.token, retries=0)
+        try:
+            assert client.get_task(peeked, peek=True)["result"] == "json 3.11\n1"
+            assert kept(peeked)[0] is None
+            assert client.get_task(read)["result"] == "json 3.11\n2"  # the default still retrieves
+            assert kept(read)[0] is not None
+            with pytest.raises(TypeError, match="peek must be True or False"):
+                client.get_task(peeked, peek="false")
+        finally:
+            client.close()
