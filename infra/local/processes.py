@@ -129,11 +129,19 @@ def _redis_password(workdir: Path) -> str:
 
 MOTO_CONFIG = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
 
+# The embedded runtime's moto stands in for managed services (DynamoDB above all, where
+# the history archive writes every finished task) that on AWS use none of the task path's
+# CPU. Lowered like the history schedule's environment (infra/local/scheduler.py), it
+# yields a busy machine's cores to the task path and catches up when the burst ends; an
+# idle machine gives it everything, as before.
+AWS_STAND_IN_NICE = 10
 
-def start_moto(workdir: Path, port: int | None = None, detach: bool = False) -> ServerProcess:
+
+def start_moto(workdir: Path, port: int | None = None, detach: bool = False, nice: int = 0) -> ServerProcess:
     """moto in server mode (DynamoDB, SQS, S3, Step Functions executing state machines),
     started through stepfunctions.moto_bridge so that Lambda Task states run our step
-    handlers' real code (moto alone runs no Lambda code without Docker)."""
+    handlers' real code (moto alone runs no Lambda code without Docker). `nice` is added
+    to its niceness (before it starts its threads, which inherit it)."""
     import requests
 
     workdir = Path(workdir)
@@ -147,6 +155,8 @@ def start_moto(workdir: Path, port: int | None = None, detach: bool = False) -> 
                             stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, cwd=repo,
                             start_new_session=detach)
     log.close()
+    if nice:
+        os.setpriority(os.PRIO_PROCESS, proc.pid, os.getpriority(os.PRIO_PROCESS, 0) + nice)
     wait_for_port(port, timeout=30, proc=proc)
     url = f"http://127.0.0.1:{port}"
     requests.post(f"{url}/moto-api/config", json=MOTO_CONFIG, timeout=10).raise_for_status()

@@ -25,7 +25,7 @@ import requests
 
 from infra.local import agent
 from infra.local.lambda_pool import REPO_ROOT, child_env
-from infra.local.processes import (free_port, recorded_process, start_moto, start_redis, terminate,
+from infra.local.processes import (AWS_STAND_IN_NICE, free_port, recorded_process, start_moto, start_redis, terminate,
                                    write_pidfile)
 from infra.local.state import PROCESS_NAMES, StateDir
 
@@ -218,7 +218,7 @@ def up(home=None, detach: bool = False, port: int | None = None, aws_endpoint: s
         if aws_endpoint:
             moto_port, aws_url = None, aws_endpoint.rstrip("/")
         else:
-            moto = start_moto(state.workdir("moto"), detach=True)
+            moto = start_moto(state.workdir("moto"), detach=True, nice=AWS_STAND_IN_NICE)
             started.servers.append(moto)
             write_pidfile(state.pidfile("moto"), moto.pid)
             moto_port, aws_url = moto.port, moto.url

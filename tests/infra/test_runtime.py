@@ -63,6 +63,8 @@ def test_up_status_down(tmp_path):
             assert procs[name]["alive"], (name, procs)
             assert psutil.pid_exists(procs[name]["pid"])
         assert procs["service"]["port"] == int(config["service_url"].rsplit(":", 1)[1])
+        # moto stands in for AWS's managed services: it yields the task path's cores (nice +10)
+        assert psutil.Process(procs["moto"]["pid"]).nice() == psutil.Process(procs["redis"]["pid"]).nice() + 10
         assert [(e["name"], e["status"]) for e in report["endpoints"]] == [("local", "online")]
 
         # the service answers the client's token; a token minted for another user works too
