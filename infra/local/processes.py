@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infra import hot_store
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -97,6 +99,7 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = True,
         "--appendonly", "yes" if appendonly else "no", "--appendfsync", "everysec",
         "--save", "", "--protected-mode", "yes", "--daemonize", "no",
         "--logfile", str(workdir / "redis.log"),
+        *hot_store.server_args(),
     ]
     login = ""
     if secure or (workdir / "users.acl").exists():

@@ -134,7 +134,7 @@ def test_redis_tls_auth_token_failover_noeviction(tpl, t):
             [Match.string_like_regexp("resolve:secretsmanager")])])}),
     })
     d.has_resource_properties("AWS::ElastiCache::ParameterGroup",
-                              {"Properties": {"maxmemory-policy": "noeviction"}})
+                              {"Properties": {"maxmemory-policy": "noeviction", "hash-max-listpack-value": "512"}})
     ingress = props(t["data"], "AWS::EC2::SecurityGroupIngress")
     assert len(ingress) == 1 and ingress[0]["FromPort"] == ingress[0]["ToPort"] == 6379
     assert "LambdaSg" in json.dumps(ingress[0]["SourceSecurityGroupId"])

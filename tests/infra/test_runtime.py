@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import redis as redis_lib
 import requests
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,6 +64,10 @@ def test_up_status_down(tmp_path):
             assert procs[name]["alive"], (name, procs)
             assert psutil.pid_exists(procs[name]["pid"])
         assert procs["service"]["port"] == int(config["service_url"].rsplit(":", 1)[1])
+        # the hot store runs with the parameters of the ElastiCache parameter group (infra/hot_store.py)
+        hot = redis_lib.Redis.from_url(json.loads((home / "local" / "runtime.json").read_text())["redis_url"])
+        assert hot.config_get("hash-max-listpack-value") == {"hash-max-listpack-value": "512"}
+        hot.close()
         # moto stands in for AWS's managed services: it yields the task path's cores (nice +10)
         assert psutil.Process(procs["moto"]["pid"]).nice() == psutil.Process(procs["redis"]["pid"]).nice() + 10
         assert [(e["name"], e["status"]) for e in report["endpoints"]] == [("local", "online")]

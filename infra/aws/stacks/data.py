@@ -24,6 +24,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
+from infra import hot_store
 from infra.aws.config import DeployConfig
 
 TTL_ATTRIBUTE = "expires_at"
@@ -91,7 +92,7 @@ class DataStack(Stack):
             subnet_ids=vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_ISOLATED).subnet_ids)
         params = elasticache.CfnParameterGroup(
             self, "RedisParams", cache_parameter_group_family="redis7", description=f"{config.prefix} hot store",
-            properties={"maxmemory-policy": "noeviction"})
+            properties={"maxmemory-policy": "noeviction", **hot_store.PARAMETERS})
         self.redis = elasticache.CfnReplicationGroup(
             self, "Redis", replication_group_description=f"{config.prefix} hot task store",
             engine="redis", engine_version="7.1", cache_node_type=config.redis_node_type,
