@@ -303,10 +303,12 @@ def _manager(routing: str, seed: int = 7, types=("a", "b")):
         m.workers[slot] = w
         m.slot_type[slot] = ctype
     sent, restarted = [], []
-    m.send_chunk = lambda w, dq, size: (sent.append((w.slot, dq[0][4])), w.inflight.append(dq.popleft()),
-                                        setattr(m, "n_backlog", m.n_backlog - 1))
-    kill = m.kill_worker
-    m.kill_worker = lambda w, *a: (restarted.append((w.slot, w.ctype, m.slot_type[w.slot])), kill(w, *a))
+    # dispatch (m.dispatcher) sends through its own send_chunk and kills through the supervisor's kill_worker
+    m.dispatcher.send_chunk = lambda st, w, dq, size: (sent.append((w.slot, dq[0][4])), w.inflight.append(dq.popleft()),
+                                                       setattr(m, "n_backlog", m.n_backlog - 1))
+    kill = m.supervisor.kill_worker
+    m.supervisor.kill_worker = lambda st, w, *a: (restarted.append((w.slot, w.ctype, m.slot_type[w.slot])),
+                                                  kill(st, w, *a))
     return m, sent, restarted
 
 
