@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, WithJsonSchema, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, WithJsonSchema, field_validator
 
 from skyfn.protocol.allowlist import MAX_ALLOWED_FUNCTIONS, AllowedFunction
 
@@ -28,8 +28,26 @@ Event = Annotated[tuple[str, float], WithJsonSchema({
     "description": "[state, seconds since the epoch]"})]
 
 
+def _integral(value: Any) -> Any:
+    """JSON has one number type: 67.0 is the integer 67 (JSON Schema's "integer", which the
+    OpenAPI 3.1 document states, is any number whose fraction is zero), and a client's JSON
+    library may well write it so. Strict int alone refuses it (the service answered 422 to
+    bodies its own document allows); 67.5, "67" and true are still refused."""
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
+# Metadata of an integer field of a request body, after its bounds (so that they stay the
+# schema's minimum and maximum): Annotated[int, Field(ge=.., le=..), INTEGRAL] takes an int
+# or a JSON number with a zero fraction.
+INTEGRAL = BeforeValidator(_integral)
+MAX_JSON_INT = 2**53  # bound of otherwise unbounded integers: the largest that every JSON parser keeps exact
+
+
 class _Body(BaseModel):
-    # strict: "1" is not a number and 0 is not a boolean (fuzzing found such bodies accepted)
+    # strict: "1" is not a number and 0 is not a boolean (fuzzing found such bodies accepted);
+    # integer fields carry INTEGRAL, so that 3.0 is the integer it is
     model_config = ConfigDict(extra="forbid", strict=True)
 
     def __repr__(self) -> str:
@@ -119,8 +137,8 @@ class Resources(_Body):
     """What one task needs on its node; the agent assigns cores and GPUs
     (CUDA_VISIBLE_DEVICES-style) to the worker that runs it."""
 
-    cores: int = Field(default=1, ge=1, le=1024)
-    gpus: int = Field(default=0, ge=0, le=64)
+    cores: Annotated[int, Field(ge=1, le=1024), INTEGRAL] = 1
+    gpus: Annotated[int, Field(ge=0, le=64), INTEGRAL] = 0
 
 
 MAX_STAGE_ITEMS = 10_000  # GlobusFile arguments of one task
@@ -148,14 +166,14 @@ class TaskRequest(_Body):
     group_id: Optional[str] = Field(default=None, max_length=64, description="an endpoint group: its policy picks "
                                                                             "the endpoint (instead of endpoint_id)")
     container: Optional[str] = Field(default=None, max_length=512)
-    max_retries: Optional[int] = Field(default=None, ge=0, le=100)
+    max_retries: Optional[Annotated[int, Field(ge=0, le=100), INTEGRAL]] = None
     walltime: Optional[float] = Field(default=None, gt=0, le=7 * 24 * 3600)
     resources: Optional[Resources] = None
     memoize: Optional[StrictBool] = Field(default=None, description="answer from the memo cache when this function "
                                           "ran on the same arguments and container before (default: the "
                                           "submission's, else the function's setting)")
     data_locations: Optional[dict[Annotated[str, Field(min_length=1, max_length=64)],
-                                  Annotated[int, Field(strict=True, ge=0)]]] = Field(default=None, max_length=64, description="endpoint id -> "
+                                  Annotated[int, Field(ge=0, le=MAX_JSON_INT), INTEGRAL]]] = Field(default=None, max_length=64, description="endpoint id -> "
                                                      "bytes of this task's data refs held there: a group's policy "
                                                      "may prefer that endpoint (strategy data_local, affinity data)")
     stage_in: Optional[list[StageItem]] = Field(default=None, max_length=MAX_STAGE_ITEMS, description="GlobusFile "
@@ -169,7 +187,7 @@ class SubmitTasks(_Body):
     group_id: Optional[str] = Field(default=None, max_length=64, description="endpoint group for every task "
                                                                             "without its own target")
     idempotency_key: Optional[str] = Field(default=None, min_length=1, max_length=128)
-    max_retries: int = Field(default=3, ge=0, le=100)
+    max_retries: Annotated[int, Field(ge=0, le=100), INTEGRAL] = 3
     memoize: Optional[StrictBool] = Field(default=None, description="memoization for every task without its own "
                                                                     "setting (default: the function's)")
     tasks: list[TaskRequest] = Field(min_length=1, max_length=MAX_BATCH)

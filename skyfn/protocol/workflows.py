@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, Field
 
-from skyfn.protocol.api import MAX_PAYLOAD_BYTES, _Body
+from skyfn.protocol.api import INTEGRAL, MAX_PAYLOAD_BYTES, _Body
 from skyfn.protocol.flowspec import FlowSpec
 
 MAX_BATCH_TASKS = 100_000        # tasks in one POST /batches (the body limit still applies)
@@ -24,12 +24,12 @@ class SubmitBatch(_Body):
     function_id: str = Field(min_length=1, max_length=64)
     payloads: list[Annotated[str, Field(max_length=MAX_PAYLOAD_BYTES)]] = Field(min_length=1, max_length=MAX_BATCH_TASKS,
                                 description="serialized (args, kwargs) buffers, one per task")
-    max_retries: int = Field(default=3, ge=0, le=100)
+    max_retries: Annotated[int, Field(ge=0, le=100), INTEGRAL] = 3
     idempotency_key: Optional[str] = Field(default=None, min_length=1, max_length=128)
     deadline_seconds: float = Field(default=3600.0, gt=0, le=7 * 24 * 3600,
                                     description="the run fails with BatchTimedOut if tasks are still "
                                                 "unfinished this long after submission")
-    poll_seconds: int = Field(default=2, ge=1, le=300, description="wait between progress checks")
+    poll_seconds: Annotated[int, Field(ge=1, le=300), INTEGRAL] = Field(default=2, description="wait between progress checks")
 
 
 class BatchSubmitted(BaseModel):
@@ -74,9 +74,9 @@ class RunGroup(_Body):
 
     endpoint_id: str = Field(min_length=1, max_length=64)
     function_id: str = Field(min_length=1, max_length=64)
-    world_size: int = Field(ge=1, le=MAX_WORLD_SIZE)
+    world_size: Annotated[int, Field(ge=1, le=MAX_WORLD_SIZE), INTEGRAL]
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    max_retries: int = Field(default=0, ge=0, le=100)
+    max_retries: Annotated[int, Field(ge=0, le=100), INTEGRAL] = 0
 
 
 class RunStarted(BaseModel):
