@@ -67,14 +67,14 @@ def enforce(pairs: Iterable[tuple[str, str]], functions: Mapping[str, object],
         return
     known = known or {}
     eps = sorted(wanted)
+    lists = {ep: (known[ep].get(FIELD), known[ep].get("name")) for ep in eps if ep in known}
     unread = [ep for ep in eps if ep not in known]
-    lists: dict[str, tuple[Optional[bytes | str], Optional[bytes | str]]] = {
-        ep: (known[ep].get(FIELD), known[ep].get("name")) for ep in eps if ep in known}
     if unread:
         pipe = deps.redis_client().pipeline(transaction=False)
         for ep in unread:
             pipe.hmget(f"ep:{ep}", FIELD, "name")
-        lists.update(zip(unread, (tuple(v) for v in pipe.execute())))
+        for ep, values in zip(unread, pipe.execute()):
+            lists[ep] = tuple(v.decode() if v is not None else None for v in values)
     for ep in eps:
         raw, name = lists[ep]
         entries = decode(raw)
@@ -84,8 +84,6 @@ def enforce(pairs: Iterable[tuple[str, str]], functions: Mapping[str, object],
             fn = functions.get(fid)
             owner, fname = getattr(fn, "owner", None), getattr(fn, "name", None)
             if not permits(entries, fid, owner, fname):
-                if isinstance(name, bytes):
-                    name = name.decode()
                 label = f"{ep} ({name})" if name else ep
                 raise Forbidden(refusal(label, fid, owner, fname),
                                 {"endpoint_id": ep, "function_id": fid, "reason": "function_not_allowed"})

@@ -8,6 +8,7 @@ seen and a Retry-After; the SDK waits and retries.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -41,15 +42,10 @@ class Verdict:
     burst: float
 
 
-_script: tuple | None = None  # (client, its registered _TAKE): EVALSHA, the script body is not resent
-
-
-def _take_script():
-    global _script
-    client = deps.redis_client()
-    if _script is None or _script[0] is not client:
-        _script = (client, client.register_script(_TAKE))
-    return _script[1]
+@functools.lru_cache(maxsize=4)
+def _take_script(client):
+    """_TAKE registered with `client`: called by EVALSHA, the script body is not resent."""
+    return client.register_script(_TAKE)
 
 
 def take(principal: str) -> Verdict:
@@ -57,7 +53,7 @@ def take(principal: str) -> Verdict:
     rate, burst = s.rate_per_second, s.rate_burst
     if rate <= 0:  # limits switched off
         return Verdict(True, 0.0, rate, burst)
-    ok, tokens = _take_script()(keys=[f"rl:{principal}"], args=[repr(rate), repr(burst)])
+    ok, tokens = _take_script(deps.redis_client())(keys=[f"rl:{principal}"], args=[repr(rate), repr(burst)])
     if int(ok):
         return Verdict(True, 0.0, rate, burst)
     return Verdict(False, max(0.001, (1 - float(tokens)) / rate), rate, burst)

@@ -54,7 +54,7 @@ class JsonStrategy(Strategy):
     binary = False
 
     @staticmethod
-    def _plain(obj: Any, depth: int = 0) -> bool:
+    def _plain(obj: Any) -> bool:
         return _plainness(obj, 0) != _NOT_PLAIN
 
     def dumps(self, obj: Any) -> str:
