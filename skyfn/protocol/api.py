@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, WithJsonSchema, field_validator
 
 from skyfn.protocol.allowlist import MAX_ALLOWED_FUNCTIONS, AllowedFunction
+from skyfn.protocol.direct import MAX_SESSION_FUNCTIONS, DirectInfo
 
 from skyfn.protocol.limits import (  # noqa: F401 - the limits, kept importable from here
     MAX_BATCH,
@@ -131,6 +132,24 @@ class Heartbeat(_Body):
     allowed_functions: Optional[list[AllowedFunction]] = Field(
         default=None, max_length=MAX_ALLOWED_FUNCTIONS,
         description="the agent's allowlist as it stands (null: any function); left as it was when absent")
+    direct: Optional[DirectInfo] = Field(
+        default=None, description="the agent's direct socket (skyfn.protocol.direct); absent: it takes no sessions")
+
+
+class OpenSession(_Body):
+    """POST /endpoints/{id}/sessions: the functions a direct session may run."""
+
+    function_ids: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        min_length=1, max_length=MAX_SESSION_FUNCTIONS)
+
+
+class SessionOpened(BaseModel):
+    session_id: str
+    endpoint_id: str
+    address: str = Field(description="the agent's direct socket, tcp://host:port")
+    server_key: str = Field(description="its CurveZMQ public key (Z85)")
+    token: str = Field(description="what each task pack carries; signed for the agent")
+    expires_at: float
 
 
 class Resources(_Body):

@@ -69,6 +69,9 @@ class TaskResult(_Msg):
     events: list[tuple[str, float]] = Field(default_factory=list, description="agent-side events")
     stdout: Optional[str] = Field(default=None, description="captured standard output, capped by the agent")
     stderr: Optional[str] = Field(default=None, description="captured standard error, capped by the agent")
+    session: Optional[str] = Field(default=None, description="a task of a direct session (skyfn.protocol.direct): "
+                                   "its session id; the service records the task from it")
+    function_id: Optional[str] = Field(default=None, description="with session: the function the task ran")
 
 
 class ControlMessage(_Msg):
