@@ -7,16 +7,19 @@ Starts everything it needs (redis-server, moto, the local gateway and an endpoin
 
 - single-task round trip with the results push (Executor.submit(...).result(), one at a
   time): p50 / p99 (``rtt_p50_ms``); and with the long-poll (Client.run + get_result:
-  ``rtt_poll_p50_ms``);
+  ``rtt_poll_p50_ms``); and in a direct session (Executor(direct=True): the SDK talks to
+  the agent, the service authorizes and records: ``rtt_direct_p50_ms``);
 - completion time of a batch of no-op tasks through the Executor (submit all, wait all),
   and the API requests it took with the push and with the long-poll
-  (``api_requests_per_10k``: HTTP requests + WebSocket connections, scaled to 10,000 tasks);
+  (``api_requests_per_10k``: HTTP requests + WebSocket connections, scaled to 10,000 tasks),
+  and in a direct session (``direct``: session and function requests; ``batch_direct_10k_s``);
 - a batch of ``--big`` no-ops (``batch_100k_tasks_per_s``) with the peak RSS of the
   service (its process and its Lambda environments) and of the agent (agent, manager,
   workers), sampled every 0.1 s;
 - the same batch on concurrent.futures.ProcessPoolExecutor(2) and, when installed,
   Parsl's HighThroughputExecutor with 2 workers (logging off), and prints ratios
-  (``rtt_p50_over_htex``: our push round trip over HTEX's, the same run).
+  (``rtt_p50_over_htex``: our push round trip over HTEX's, the same run;
+  ``rtt_direct_over_htex``: the direct session's).
 
 The last line printed is one JSON object (with --json).
 """
@@ -130,7 +133,7 @@ def bench_skyfn(tasks: int, rtt_n: int, big: int = 0) -> dict:
     home = Path(tempfile.mkdtemp(prefix="skyfn-bench-"))
     cfg = home / "endpoints" / "local"
     cfg.mkdir(parents=True)
-    (cfg / "config.yaml").write_text(yaml.safe_dump({"workers": 2}))
+    (cfg / "config.yaml").write_text(yaml.safe_dump({"workers": 2, "direct": {"listen": "127.0.0.1"}}))
     os.environ["SKYFN_HOME"] = str(home)
     t0 = time.perf_counter()
     runtime.up(home, detach=True, echo=lambda *_: None)
@@ -155,9 +158,20 @@ def bench_skyfn(tasks: int, rtt_n: int, big: int = 0) -> dict:
                 assert ex.submit(noop, i).result(timeout=30) == i
                 rtts.append((time.perf_counter() - t) * 1000)
             push_stats = ex.push_stats
+        with Executor(endpoint="local", direct=True) as ex:  # a direct session with the agent
+            for i in range(20):
+                ex.submit(noop, i).result(timeout=30)
+            direct_rtts = []
+            for i in range(rtt_n):
+                t = time.perf_counter()
+                assert ex.submit(noop, i).result(timeout=30) == i
+                direct_rtts.append((time.perf_counter() - t) * 1000)
+            direct_stats = ex.direct_stats
+        assert direct_stats.get("active") and not direct_stats.get("to_service"), direct_stats
         requests, result_requests, batch = {}, {}, 0.0
-        for mode in ("push", "poll"):
-            with Client() as c, Executor(endpoint="local", client=c, push=mode == "push") as ex:
+        batch_direct = 0.0
+        for mode in ("push", "poll", "direct"):
+            with Client() as c, Executor(endpoint="local", client=c, push=mode == "push", direct=mode == "direct") as ex:
                 batch_run(ex, 200)  # warm-up
                 counter = count_requests(c)
                 connects = ex.push_stats.get("connects", 0)
@@ -167,6 +181,8 @@ def bench_skyfn(tasks: int, rtt_n: int, big: int = 0) -> dict:
                 result_requests[mode] = round((counter[1] + ws) * 10_000 / tasks, 1)
                 if mode == "push":
                     batch = elapsed
+                elif mode == "direct":
+                    batch_direct = elapsed
         big_result = {}
         if big:
             st = runtime.status(home)
@@ -181,7 +197,9 @@ def bench_skyfn(tasks: int, rtt_n: int, big: int = 0) -> dict:
         runtime.down(home, echo=lambda *_: None)
     return {"batch_s": batch, "rtt_p50_ms": statistics.median(rtts), "rtt_p99_ms": percentile(rtts, 0.99),
             "rtt_poll_p50_ms": statistics.median(poll_rtts), "rtt_poll_p99_ms": percentile(poll_rtts, 0.99),
-            "startup_s": startup, "requests": requests, "result_requests": result_requests, "big": big_result, "push_stats": push_stats}
+            "startup_s": startup, "requests": requests, "result_requests": result_requests, "big": big_result, "push_stats": push_stats,
+            "rtt_direct_p50_ms": statistics.median(direct_rtts), "rtt_direct_p99_ms": percentile(direct_rtts, 0.99),
+            "batch_direct_s": batch_direct, "direct_stats": direct_stats}
 
 
 def bench_pool(tasks: int, rtt_n: int) -> dict:
@@ -257,7 +275,8 @@ def main() -> None:
             results["parsl_htex"] = parsl_result
 
     sky = results["skyfn"]
-    extra = {k: sky.pop(k) for k in ("requests", "result_requests", "big", "push_stats", "rtt_poll_p50_ms", "rtt_poll_p99_ms")}
+    extra = {k: sky.pop(k) for k in ("requests", "result_requests", "big", "push_stats", "rtt_poll_p50_ms", "rtt_poll_p99_ms",
+                                     "rtt_direct_p50_ms", "rtt_direct_p99_ms", "batch_direct_s", "direct_stats")}
     print(f"{'system':<14} {args.tasks:>6} tasks (s) {'tasks/s':>9} {'rtt p50 ms':>11} {'rtt p99 ms':>11}")
     for name, r in results.items():
         print(f"{name:<14} {r['batch_s']:>16.2f} {args.tasks / r['batch_s']:>9.0f} {r['rtt_p50_ms']:>11.2f} "
@@ -279,8 +298,13 @@ def main() -> None:
     }
     summary["rtt_poll_p50_ms"] = round(extra["rtt_poll_p50_ms"], 3)
     summary["rtt_poll_p99_ms"] = round(extra["rtt_poll_p99_ms"], 3)
+    summary["rtt_direct_p50_ms"] = round(extra["rtt_direct_p50_ms"], 3)
+    summary["rtt_direct_p99_ms"] = round(extra["rtt_direct_p99_ms"], 3)
+    summary[f"batch_direct_{args.tasks // 1000}k_s" if args.tasks % 1000 == 0 else "batch_direct_s"] = \
+        round(extra["batch_direct_s"], 3)
     if "parsl_htex" in results:
         summary["rtt_p50_over_htex"] = round(sky["rtt_p50_ms"] / results["parsl_htex"]["rtt_p50_ms"], 2)
+        summary["rtt_direct_over_htex"] = round(extra["rtt_direct_p50_ms"] / results["parsl_htex"]["rtt_p50_ms"], 2)
     summary["api_requests_per_10k"] = extra["requests"]
     # of those, the ones that fetch results (status calls + WebSocket connections)
     summary["result_requests_per_10k"] = extra["result_requests"]
@@ -293,8 +317,9 @@ def main() -> None:
         summary["peak_rss_mb"] = extra["big"]["peak_rss_mb"]
         summary["batch_big_push_stats"] = extra["big"]["push_stats"]
     summary["push_stats"] = extra["push_stats"]
+    summary["direct_stats"] = extra["direct_stats"]
     print(f"round trip p50 with push {sky['rtt_p50_ms']:.2f} ms, with long-poll {extra['rtt_poll_p50_ms']:.2f} ms; "
-          f"API requests per 10k tasks: {extra['requests']}")
+          f"in a direct session {extra['rtt_direct_p50_ms']:.2f} ms; API requests per 10k tasks: {extra['requests']}")
     if extra["big"]:
         print(f"{args.big} tasks: {extra['big']['tasks_per_s']:.0f} tasks/s, peak RSS (MiB) {extra['big']['peak_rss_mb']}")
     if args.json:

@@ -204,6 +204,13 @@ class Client:
     def get_function(self, function_id: str) -> dict:
         return self._http.get(f"/functions/{quote(function_id, safe='')}")
 
+    def open_session(self, endpoint_id: str, function_ids: list[str]) -> dict:
+        """A direct session with the endpoint's agent for these functions
+        (skyfn.protocol.direct): its address, server key, token and expiry. 409
+        ``no_direct_channel`` when the agent offers none."""
+        return self._http.post(f"/endpoints/{quote(endpoint_id, safe='')}/sessions",
+                               {"function_ids": sorted(set(function_ids))})
+
     def _function_id_for(self, fn: Callable[..., Any]) -> str:
         """Function id of a callable, registering it on first use (cached per object)."""
         fid = self._function_ids.get(fn)

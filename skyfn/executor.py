@@ -19,6 +19,11 @@ Threading model
        service answers as soon as any is final); futures resolve as results arrive.
   It never sleeps between polls (the server's long poll paces it); it backs off only
   after errors. The progress bar, if any, is driven from this thread only.
+* With ``direct=True`` a second thread (``skyfn-direct``, skyfn/executor_direct.py) takes
+  the submissions instead: it sends them to the endpoint's agent in a direct session the
+  service authorized, and resolves futures from the agent's answers. What it cannot run
+  that way (no session offered, a refusal, the agent lost) it hands back to the queue
+  above, and the service path takes it.
 * Futures are never left hanging: a submission that fails after the transport's retries,
   or a status poll that keeps failing for ``max_poll_failures`` rounds, sets the error on
   the futures concerned; an unexpected error in the thread fails every pending future.
@@ -126,6 +131,8 @@ class Executor(_BaseExecutor):
         data_store: Any = "auto",
         ref_threshold: int = 1 << 20,
         evict_refs: bool = False,
+        direct: Optional[bool] = None,
+        direct_timeout: float = 5.0,
     ):
         self._own_client = client is None
         self.client = client if client is not None else Client()
@@ -185,6 +192,22 @@ class Executor(_BaseExecutor):
             os.set_blocking(self._wake_w, False)
             self._pushed = PushedResults(self, os.environ.get("SKYFN_WS_URL") or ws_url(self.client.service_url),
                                          self.client.config.token)
+        # direct: tasks straight to the agent and back (skyfn/executor_direct.py) when it
+        # offers a session; the service still authorizes and records them. Off by default
+        # (SKYFN_EXECUTOR_DIRECT=1 turns it on); groups and memoized calls need the service.
+        self._direct = None
+        self.direct_why_not: Optional[str] = None
+        if direct is None:
+            direct = os.environ.get("SKYFN_EXECUTOR_DIRECT", "0") == "1"
+        if direct:
+            self.direct_why_not = ("an endpoint group's policy places tasks at the service" if group else
+                                   "memoized calls are answered from the service's cache" if memoize else
+                                   "progress bars follow the service path" if progress else None)
+            if self.direct_why_not is None:
+                from skyfn.executor_direct import DirectChannel
+
+                self._direct = DirectChannel(self, self.endpoint_id, direct_timeout)
+                self.direct_why_not = self._direct.why_not
 
     # -- public API -----------------------------------------------------------------
     def submit(self, fn: Union[Callable[..., Any], str], /, *args: Any, **kwargs: Any) -> SkyfnFuture:
@@ -245,8 +268,14 @@ class Executor(_BaseExecutor):
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop accepting work. With ``cancel_futures``, cancel every future not done yet
-        (queued ones locally, submitted ones also remotely). With ``wait``, return once
-        every future is done."""
+        (queued ones locally, submitted ones also remotely; a direct task only locally).
+        With ``wait``, return once every future is done."""
+        if self._direct is not None:
+            if cancel_futures:
+                for fut in self._direct.futures():
+                    fut.cancel()
+            # first: what the direct path gives up on goes through the service, below
+            self._direct.close(wait=wait and self._direct.is_alive())
         with self._cv:
             self._shutdown = True
             if cancel_futures:
@@ -274,7 +303,17 @@ class Executor(_BaseExecutor):
     def outstanding(self) -> int:
         """Tasks submitted by this executor whose results have not arrived yet."""
         with self._cv:
-            return len(self._queue) + len(self._inflight) + len(self._outstanding)
+            n = len(self._queue) + len(self._inflight) + len(self._outstanding)
+        return n + (self._direct.pending() if self._direct is not None else 0)
+
+    @property
+    def direct_stats(self) -> dict:
+        """Counters of the direct session (sessions, packs, tasks, results, refused, lost,
+        to_service) and whether it is in use; {} when the executor was made without it."""
+        d = self._direct
+        if d is None:
+            return {}
+        return dict(d.stats, active=d.usable and d.why_not is None, why_not=d.why_not)
 
     # -- caller side ----------------------------------------------------------------
     def _function_id(self, fn: Union[Callable[..., Any], str]) -> str:
@@ -288,14 +327,24 @@ class Executor(_BaseExecutor):
                     fid = self._fn_ids[fn] = self.client.register_function(fn, tag=self.tag, container=self.container)
         return fid
 
-    def _enqueue(self, items: list[tuple[SkyfnFuture, str, str]], flush: bool) -> None:
+    def _enqueue(self, items: list[tuple[SkyfnFuture, str, str]], flush: bool, via_service: bool = False) -> None:
+        """Queue submissions; `via_service`: handed back by the direct channel (already counted)."""
+        direct = self._direct
         with self._cv:
             if self._broken is not None:
                 raise RuntimeError(f"this skyfn Executor stopped after an internal error: {self._broken!r}")
-            if self._shutdown:
+            if self._shutdown and not via_service:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             for item in items:
                 item[0]._executor = self
+            if direct is not None and not via_service and direct.usable:
+                self._n_submitted += len(items)
+                direct.submit(items)
+                if direct.ident is None:
+                    direct.start()
+                return
+            if via_service:
+                self._n_submitted -= len(items)  # counted again below
             now = time.monotonic()
             if not self._queue:
                 self._first_enqueued = now

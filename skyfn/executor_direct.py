@@ -1,0 +1,351 @@
+"""The Executor's direct session: tasks straight to the endpoint's agent, results straight back.
+
+With ``Executor(..., direct=True)`` the tasks of a plain executor (one endpoint, no
+memoization) skip the service's seven hops: the service authorizes a session
+(``POST /endpoints/{id}/sessions``, the same checks as ``POST /tasks``) and the tasks
+travel over one CurveZMQ connection to the agent's interchange, which runs them like any
+others and answers each result at once (skyfn/protocol/direct.py). The agent reports
+every direct task to the service too, which records it: ``GET /tasks/{id}``, the task
+list and ``skyfn report`` show it as usual.
+
+One thread (``skyfn-direct``) owns the socket. Callers hand it submissions through a
+deque and a wake-up pipe; it sends what has gathered as one pack per wake-up (up to
+``batch_size`` tasks a pack), resolves futures as results arrive, and keeps the payload of
+every task until its result is in. Nothing is lost when the direct path fails; the tasks
+concerned go through the service instead (at least once, as for every skyfn task):
+
+* the endpoint offers no session (its agent has no ``direct:`` section, is offline, or
+  pyzmq is missing here): every task goes through the service; ``why_not`` says why;
+* the agent refuses a pack: a stale or expired token gets a new session and one resend,
+  anything else (a function it will not run) goes through the service, which reports it;
+* the agent falls silent (pings unanswered for ``timeout`` seconds) or restarted (its
+  start time changed): every task in flight is resubmitted through the service, and a
+  new session is tried ``RETRY_AFTER_S`` later.
+
+A future resolves once: a task leaves the pending map exactly once, under its lock.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import select
+import threading
+import time
+import uuid
+from typing import TYPE_CHECKING, Optional
+
+import orjson
+
+from skyfn.http import SkyfnAPIError
+from skyfn.protocol import direct as proto
+
+if TYPE_CHECKING:  # pragma: no cover
+    from skyfn.executor import Executor
+
+log = logging.getLogger("skyfn.executor.direct")
+
+PING_EVERY_S = 1.0
+RETRY_AFTER_S = 5.0
+RENEW_BEFORE_S = 60.0  # a token this close to its expiry is renewed before use
+_IDLE_WAIT_S = 1.0
+
+
+class DirectChannel(threading.Thread):
+    def __init__(self, ex: "Executor", endpoint_id: str, timeout: float):
+        super().__init__(name="skyfn-direct", daemon=True)
+        self.ex = ex
+        self.endpoint_id = endpoint_id
+        self.timeout = max(0.5, float(timeout))
+        self.why_not: Optional[str] = None  # set when no session can be had (tasks go through the service)
+        self.stats = collections.Counter()
+        self._lock = threading.Lock()
+        self._incoming: collections.deque = collections.deque()   # (future, function id, payload)
+        self._pending: dict[str, tuple] = {}  # task id -> (future, function id, payload, resends); under _lock
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._closing = False
+        self._functions: dict[str, dict] = {}  # function id -> {"body", "container", "tag"}
+        self._session: Optional[dict] = None
+        self._retry_at = 0.0
+        self._ctx = None
+        self._sock = None
+        self._agent_started: Optional[float] = None
+        self._last_heard = 0.0
+        self._last_ping = 0.0
+        try:
+            import zmq  # noqa: F401 - the endpoint extra (pip install 'skyfn[direct]')
+        except ImportError:
+            self.why_not = "pyzmq is not installed (pip install 'skyfn[direct]')"
+
+    # -- caller side ------------------------------------------------------------------
+    @property
+    def usable(self) -> bool:
+        return self.why_not is None and not self._closing
+
+    def submit(self, items: list[tuple]) -> None:
+        self._incoming.extend(items)
+        self._wake()
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._incoming) + len(self._pending)
+
+    def futures(self) -> list:
+        with self._lock:
+            return [item[0] for item in self._incoming] + [p[0] for p in self._pending.values()]
+
+    def close(self, wait: bool = True) -> None:
+        """Stop taking tasks; with ``wait``, return once every task handed over is resolved
+        or passed on to the service."""
+        self._closing = True
+        self._wake()
+        if wait and self.is_alive():
+            self.join()
+
+    def _wake(self) -> None:
+        if self._wake_w < 0:
+            return
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass
+
+    # -- the thread -------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # never leave futures hanging: the service path takes them
+            log.exception("skyfn direct channel failed; its tasks go through the service")
+            self.why_not = f"the direct channel failed: {exc!r}"
+            self._to_service(self._take_all(), "the direct channel failed")
+        finally:
+            self._disconnect()
+            fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
+            for fd in fds:
+                os.close(fd)
+
+    def _loop(self) -> None:
+        import zmq
+
+        while True:
+            wait = _IDLE_WAIT_S if not self._pending else min(PING_EVERY_S, self.timeout) / 2
+            if self._sock is not None:
+                events = dict(self._poller.poll(wait * 1000))
+                readable = self._sock in events
+            else:
+                readable = False
+                select.select([self._wake_r], [], [], wait)
+            try:
+                while os.read(self._wake_r, 4096):
+                    pass
+            except (BlockingIOError, OSError):
+                pass
+            if readable:
+                self._receive(zmq)
+            if self._incoming:
+                self._send_incoming(zmq)
+            if self._pending:
+                self._check_alive(zmq)
+            if self._closing and not self._incoming and not self._pending:
+                return
+
+    # -- sending ----------------------------------------------------------------------
+    def _send_incoming(self, zmq) -> None:
+        items = []
+        while self._incoming:
+            items.append(self._incoming.popleft())
+        live = [it for it in items if not it[0].cancelled()]
+        if not live:
+            return
+        if self.why_not is not None or time.monotonic() < self._retry_at or not self._ensure_session(
+                {it[1] for it in live}):
+            self._to_service(live, self.why_not or "no direct session")
+            return
+        self._send(zmq, [(str(uuid.uuid4()), fut, fid, payload, 0) for fut, fid, payload in live])
+
+    def _send(self, zmq, tasks: list[tuple]) -> None:
+        """Send (task id, future, function id, payload, resends) in packs; each task is pending from now on."""
+        opts = self.ex._task_options
+        batch = self.ex.batch_size
+        token = self._session["token"].encode()
+        with self._lock:
+            for tid, fut, fid, payload, resends in tasks:
+                self._pending[tid] = (fut, fid, payload, resends)
+                fut.task_id = tid
+        for i in range(0, len(tasks), batch):
+            chunk = tasks[i:i + batch]
+            specs, fids = [], set()
+            for tid, _, fid, payload, _ in chunk:
+                fn = self._functions[fid]
+                spec = {"task_id": tid, "function_id": fid, "payload": payload, **opts}
+                if fn["container"]:
+                    spec["container"] = fn["container"]
+                if fn["tag"]:
+                    spec["tag"] = fn["tag"]
+                specs.append(spec)
+                fids.add(fid)
+            pack = {"tasks": specs, "functions": {fid: self._functions[fid]["body"] for fid in fids}}
+            try:
+                self._sock.send_multipart([proto.SUBMIT, token, orjson.dumps(pack)], copy=len(specs) > 8)
+            except zmq.ZMQError as exc:  # the send queue is full: the agent stopped reading
+                self._lost(f"sending to the agent failed ({exc})")
+                return
+            self.stats["packs"] += 1
+            self.stats["tasks"] += len(specs)
+        if not self._last_heard:
+            self._last_heard = time.monotonic()
+
+    def _ensure_session(self, fids: set[str], renew: bool = False) -> bool:
+        """A session whose token covers `fids` and is not about to expire; False (and the
+        tasks go through the service) when none can be had."""
+        import zmq
+
+        s = self._session
+        if s is not None and not renew and fids <= s["fids"] and s["expires_at"] - time.time() > RENEW_BEFORE_S:
+            return True
+        want = set(fids) | (s["fids"] if s is not None else set())
+        try:
+            for fid in want - set(self._functions):
+                info = self.ex.client.get_function(fid)
+                if not info.get("function"):
+                    raise SkyfnAPIError(404, "not_found", f"the body of function {fid} is not readable")
+                self._functions[fid] = {"body": info["function"], "container": info.get("container"),
+                                        "tag": info.get("tag")}
+            opened = self.ex.client.open_session(self.endpoint_id, sorted(want))
+        except SkyfnAPIError as exc:
+            if exc.status == 409 and exc.code == "no_direct_channel":
+                self.why_not = exc.message
+                log.info("no direct session: %s; tasks go through the service", exc.message)
+            else:  # 403/404: the service path reports the same refusal on the task itself
+                log.warning("no direct session (%s); these tasks go through the service", exc)
+                self._retry_at = time.monotonic() + RETRY_AFTER_S
+            self.stats["session_failures"] += 1
+            return False
+        except Exception as exc:  # noqa: BLE001 - the service is the fallback, and it retries itself
+            log.warning("opening a direct session failed (%s); tasks go through the service", exc)
+            self._retry_at = time.monotonic() + RETRY_AFTER_S
+            self.stats["session_failures"] += 1
+            return False
+        if s is None or opened["address"] != s["address"] or opened["server_key"] != s["server_key"]:
+            self._connect(zmq, opened["address"], opened["server_key"])
+        self._session = dict(opened, fids=want)
+        self.stats["sessions"] += 1
+        return True
+
+    def _connect(self, zmq, address: str, server_key: str) -> None:
+        self._disconnect()
+        if self._ctx is None:
+            self._ctx = zmq.Context()
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDTIMEO, int(self.timeout * 1000))
+        sock.setsockopt(zmq.SNDHWM, 0)
+        public, secret = zmq.curve_keypair()
+        sock.curve_serverkey = server_key.encode()
+        sock.curve_publickey = public
+        sock.curve_secretkey = secret
+        sock.connect(address)
+        self._sock = sock
+        self._poller = zmq.Poller()
+        self._poller.register(sock, zmq.POLLIN)
+        self._poller.register(self._wake_r, zmq.POLLIN)
+        self._agent_started = None
+        self._last_heard = 0.0
+
+    def _disconnect(self) -> None:
+        if self._sock is not None:
+            self._sock.close(0)
+            self._sock = None
+        if self._closing and self._ctx is not None and not self._pending:
+            self._ctx.term()
+            self._ctx = None
+
+    # -- receiving --------------------------------------------------------------------
+    def _receive(self, zmq) -> None:
+        sock = self._sock
+        while sock is not None:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._last_heard = time.monotonic()
+            op = frames[0]
+            if op == proto.RESULTS:
+                self._resolve(orjson.loads(frames[1]))
+            elif op == proto.PONG:
+                started = orjson.loads(frames[1]).get("started")
+                if self._agent_started is not None and started != self._agent_started:
+                    self._agent_started = started
+                    self._lost("the agent restarted")
+                    return
+                self._agent_started = started
+            elif op == proto.REFUSED:
+                self._refused(zmq, orjson.loads(frames[1]))
+            sock = self._sock
+
+    def _resolve(self, results: list[dict]) -> None:
+        done = []
+        with self._lock:
+            pop = self._pending.pop
+            for rec in results:
+                p = pop(rec.get("task_id"), None)
+                if p is not None:
+                    done.append((p[0], rec))
+        self.stats["results"] += len(done)
+        self.ex._resolve([(fut, rec["task_id"], rec) for fut, rec in done], [])
+
+    def _refused(self, zmq, refusal: dict) -> None:
+        code, reason = refusal.get("code"), refusal.get("reason", "")
+        with self._lock:
+            tasks = [(tid, *self._pending.pop(tid)) for tid in refusal.get("task_ids") or () if tid in self._pending]
+        self.stats["refused"] += len(tasks)
+        if not tasks:
+            return
+        if code in (proto.REFUSE_BAD_TOKEN, proto.REFUSE_EXPIRED) and all(t[4] == 0 for t in tasks):
+            if self._ensure_session({t[2] for t in tasks}, renew=True):
+                self._send(zmq, [(tid, fut, fid, payload, 1) for tid, fut, fid, payload, _ in tasks])
+                return
+        log.warning("the agent refused %d direct task(s) (%s: %s); they go through the service", len(tasks), code, reason)
+        self._to_service([(fut, fid, payload) for _, fut, fid, payload, _ in tasks], reason)
+
+    # -- liveness ---------------------------------------------------------------------
+    def _check_alive(self, zmq) -> None:
+        if self._sock is None:
+            return
+        now = time.monotonic()
+        if now - self._last_heard > self.timeout:
+            self._lost(f"the agent did not answer for {self.timeout:g} s")
+        elif now - self._last_heard > PING_EVERY_S and now - self._last_ping > PING_EVERY_S:
+            self._last_ping = now
+            try:
+                self._sock.send_multipart([proto.PING], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+
+    def _lost(self, why: str) -> None:
+        """The agent is gone (or lost our tasks): everything in flight goes through the service."""
+        self.stats["lost"] += 1
+        log.warning("direct session lost: %s; %d task(s) in flight go through the service", why, len(self._pending))
+        self._session = None
+        self._disconnect()
+        self._retry_at = time.monotonic() + RETRY_AFTER_S
+        with self._lock:
+            items = [(fut, fid, payload) for fut, fid, payload, _ in self._pending.values()]
+            self._pending.clear()
+        self._to_service(items, why)
+
+    def _take_all(self) -> list[tuple]:
+        with self._lock:
+            items = list(self._incoming) + [(fut, fid, payload) for fut, fid, payload, _ in self._pending.values()]
+            self._incoming.clear()
+            self._pending.clear()
+        return items
+
+    def _to_service(self, items: list[tuple], why: str) -> None:
+        items = [it for it in items if not it[0].cancelled()]
+        if items:
+            self.stats["to_service"] += len(items)
+            self.ex._enqueue(items, flush=True, via_service=True)
+

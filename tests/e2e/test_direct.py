@@ -1,0 +1,145 @@
+"""Direct sessions through the real embedded runtime: the Executor talks to the agent's
+interchange over CurveZMQ with a token the service signed, each result comes straight
+back, the service records every task, and when the agent dies mid-batch the tasks in
+flight go through the service instead -- every future resolves exactly once."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+
+from infra.local import agent
+from skyfn import Client, Executor
+from skyfn.http import SkyfnAPIError
+
+
+def square(x):
+    return x * x
+
+
+def fail_on(x):
+    if x == 3:
+        raise ValueError(f"bad input {x}")
+    return x
+
+
+def slow_square(x):
+    import time as _t
+
+    _t.sleep(0.002)
+    return x * x
+
+
+def _counted(futures) -> dict[int, int]:
+    calls: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def on_done(i):
+        def cb(_fut):
+            with lock:
+                calls[i] = calls.get(i, 0) + 1
+        return cb
+
+    for i, f in enumerate(futures):
+        f.add_done_callback(on_done(i))
+    return calls
+
+
+def test_direct_session_runs_tasks_and_the_service_records_them(client, endpoint_id):
+    with Executor(endpoint_id=endpoint_id, client=client, direct=True) as ex:
+        futures = [ex.submit(fail_on, i) for i in range(8)]
+        values = []
+        for f in futures:
+            try:
+                values.append(f.result(timeout=60))
+            except ValueError as exc:
+                values.append(str(exc))
+        stats = ex.direct_stats
+    assert values == [0, 1, 2, "bad input 3", 4, 5, 6, 7]
+    assert stats["active"] and stats["why_not"] is None
+    assert stats["tasks"] == 8 and stats["results"] == 8 and stats["to_service"] == 0 and stats["sessions"] >= 1
+    # the service recorded each task from the agent's report, owner and all
+    ids = [f.task_id for f in futures]
+    deadline = time.monotonic() + 30
+    while True:
+        st = client.status(ids, include_events=True)["tasks"]
+        if len(st) == 8 and all(t["state"] in ("SUCCEEDED", "FAILED") for t in st.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert [st[t]["state"] for t in ids] == ["SUCCEEDED"] * 3 + ["FAILED"] + ["SUCCEEDED"] * 4
+    info = client.get_task(ids[5])
+    assert info["state"] == "SUCCEEDED" and info["endpoint_id"] == endpoint_id
+    assert client.get_result(ids[5], timeout=5) == 5
+    events = [e[0] for e in info["events"]]
+    assert events[0] == "CREATED" and "RUNNING" in events and events[-1] == "SUCCEEDED"
+
+
+def test_direct_batch_of_10000_resolves_each_future_once(client, endpoint_id):
+    n = 10_000
+    with Executor(endpoint_id=endpoint_id, client=client, direct=True) as ex:
+        futures = [ex.submit(square, i) for i in range(n)]
+        calls = _counted(futures)
+        assert [f.result(timeout=120) for f in futures] == [i * i for i in range(n)]
+        stats = ex.direct_stats
+    assert stats["tasks"] == n and stats["results"] == n and stats["to_service"] == 0
+    time.sleep(0.2)
+    assert len(calls) == n and set(calls.values()) == {1}
+
+
+def test_direct_session_needs_a_plain_executor(client, endpoint_id):
+    with Executor(endpoint_id=endpoint_id, client=client, direct=True, memoize=True) as ex:
+        assert ex.direct_stats == {}
+        assert "cache" in ex.direct_why_not
+        assert ex.submit(square, 7).result(timeout=60) == 49
+    with Executor(endpoint_id=endpoint_id, client=client) as ex:  # off unless asked for
+        assert ex.direct_stats == {} and ex.direct_why_not is None
+
+
+def test_sessions_are_refused_without_a_token_and_for_unknown_functions(local_home, client, endpoint_id):
+    fid = client.register_function(square)
+    opened = client.open_session(endpoint_id, [fid])
+    assert opened["endpoint_id"] == endpoint_id and opened["address"].startswith("tcp://127.0.0.1:")
+    assert opened["expires_at"] > time.time() + 60
+    with Client(token="not-a-token") as stranger, pytest.raises(SkyfnAPIError) as err:
+        stranger.open_session(endpoint_id, [fid])
+    assert err.value.status == 401
+    with pytest.raises(SkyfnAPIError) as err:
+        client.open_session(endpoint_id, ["00000000-0000-4000-8000-000000000000"])
+    assert err.value.status == 404
+
+
+def _agent_family(home) -> list[int]:
+    pid = int(agent.pidfile(home, "local").read_text().split()[0])
+    return [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
+
+
+def test_agent_killed_mid_batch_loses_nothing(local_home, client, endpoint_id):
+    n = 2000
+    with Executor(endpoint_id=endpoint_id, client=client, direct=True, direct_timeout=2.0) as ex:
+        futures = [ex.submit(slow_square, i) for i in range(n)]
+        calls = _counted(futures)
+        deadline = time.monotonic() + 60
+        while sum(f.done() for f in futures) < 300 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        done_before = sum(f.done() for f in futures)
+        assert 0 < done_before < n, "the batch must be in flight when the agent dies"
+        family = _agent_family(local_home)
+        os.kill(family[0], signal.SIGKILL)
+        psutil.wait_procs([psutil.Process(p) for p in family if psutil.pid_exists(p)], timeout=15)
+        agent.start("local", local_home)
+        assert [f.result(timeout=180) for f in futures] == [i * i for i in range(n)]
+        stats = ex.direct_stats
+    assert stats["lost"] >= 1 and stats["to_service"] >= 1, stats
+    assert stats["results"] + stats["to_service"] >= n
+    time.sleep(0.2)
+    assert len(calls) == n and set(calls.values()) == {1}
+    # the service knows at least every task it was handed after the loss, all SUCCEEDED
+    ids = [f.task_id for f in futures]
+    states = []
+    for chunk in range(0, n, 500):
+        states += [t["state"] for t in client.status(ids[chunk:chunk + 500])["tasks"].values()]
+    assert set(states) == {"SUCCEEDED"} and len(states) >= stats["to_service"]
