@@ -25,7 +25,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from lambdas.auth import Unauthorized, identify
 from lambdas.core import guard, limits  # security: agent routes, rate limits, size limits (H9)
 from lambdas.config import settings
-from lambdas.core import batches, flows, registry, runs, tasks
+from lambdas.core import batches, flows, registry, runs, sessions, tasks
 from lambdas.core.errors import ServiceError, TooLarge
 from skyfn.protocol.api import (
     MAX_REQUEST_BYTES,
@@ -36,8 +36,10 @@ from skyfn.protocol.api import (
     FunctionCreated,
     FunctionInfo,
     Heartbeat,
+    OpenSession,
     RegisterEndpoint,
     RegisterFunction,
+    SessionOpened,
     StatusRequest,
     StatusResponse,
     SubmitTasks,
@@ -182,7 +184,17 @@ def heartbeat(endpoint_id: IdPath, body: Annotated[Heartbeat, Body()]):
     allowed = body.allowed_functions if "allowed_functions" in body.model_fields_set else ...
     return _json(200, registry.heartbeat(_user(), endpoint_id, body.stats,
                                          agent_endpoint=app.context["identity"].endpoint_id,
-                                         allowed=allowed).model_dump())
+                                         allowed=allowed, direct=body.direct).model_dump())
+
+
+@app.post("/endpoints/<endpoint_id>/sessions", responses={**_ok(201, SessionOpened),
+                                                          **_errors(401, 403, 404, 409, 422)})
+def open_session(endpoint_id: IdPath, body: Annotated[OpenSession, Body()]):
+    """A direct session with the endpoint's agent for these functions (skyfn.protocol.direct):
+    the same checks as POST /tasks; 409 no_direct_channel when the agent publishes no direct socket."""
+    opened = sessions.open(_user(), endpoint_id, body)
+    metrics.add_metric(name="DirectSessionsOpened", unit=MetricUnit.Count, value=1)
+    return _json(201, opened.model_dump())
 
 
 # --- tasks -------------------------------------------------------------------------

@@ -5,6 +5,8 @@ import functools
 import os
 from dataclasses import dataclass
 
+from skyfn.protocol.direct import DEFAULT_SESSION_TTL_S
+
 # Providers whose tokens API Gateway's authorizer verifies before the handler runs
 # (lambdas/auth.py trusts the gateway's identity; agents then use SQS sessions).
 GATEWAY_PROVIDERS = ("cognito", "globus")
@@ -36,6 +38,7 @@ class Settings:
     rate_burst: float = 2000.0
     inline_bytes: int = 256 << 10    # arguments/results above this travel through S3
     bucket: str = ""
+    direct_session_ttl: float = DEFAULT_SESSION_TTL_S  # seconds a direct session's token is good for
 
     def task_queue_name(self, endpoint_id: str) -> str:
         if self.queue_kind == "sqs":
@@ -60,6 +63,13 @@ def _float(name: str, default: float) -> float:
         return float(raw)
     except ValueError:
         raise RuntimeError(f"environment variable {name}={raw!r} is not a number") from None
+
+
+def _positive(name: str, default: float) -> float:
+    value = _float(name, default)
+    if value <= 0:
+        raise RuntimeError(f"environment variable {name}={value!r} must be a positive number of seconds")
+    return value
 
 
 @functools.lru_cache(maxsize=1)
@@ -94,6 +104,7 @@ def settings() -> Settings:
         rate_burst=_float("SKYFN_RATE_BURST", 2000.0),
         inline_bytes=int(_float("SKYFN_INLINE_BYTES", 256 << 10)),
         bucket=os.environ.get("SKYFN_BUCKET", ""),
+        direct_session_ttl=_positive("SKYFN_DIRECT_SESSION_TTL", DEFAULT_SESSION_TTL_S),
     )
 
 

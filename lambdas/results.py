@@ -1,8 +1,11 @@
 """The results Lambda: consumes ResultPacks from the results queue in batches (SQS
 event source with partial batch failures) and applies them to the hot store with
 compare-and-set scripts: a final state is written once, progress never goes backwards,
-duplicates from redelivered packs are counted and dropped."""
+duplicates from redelivered packs are counted and dropped. Results of direct sessions
+(those with a `session`) are recorded as tasks of their own (lambdas/core/direct_results.py)."""
 from __future__ import annotations
+
+import time
 
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
@@ -10,7 +13,7 @@ from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, pro
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from lambdas.core import blobs, deps, push, stage_metrics
+from lambdas.core import blobs, deps, direct_results, push, stage_metrics
 from skyfn.protocol.messages import ResultPack
 from skyfn.protocol.states import format_events
 
@@ -32,11 +35,26 @@ def apply_pack(pack: ResultPack) -> tuple[int, int, int]:
         refused = blobs.bad_result(pack.endpoint_id, row[0], row[2])
         if refused:
             row[1:5] = ["FAILED", None, None, refused]
+    if any(r.session is not None for r in pack.results):  # tasks of direct sessions among them
+        return _with_direct(pack, rows)
+    return _finish(pack.endpoint_id, rows)
+
+
+def _finish(endpoint_id: str, rows: list[list]) -> tuple[int, int, int]:
     # only tasks routed to the pack's endpoint: an agent answers for its own tasks alone
-    stored, dup, unknown, notices = store.finish_notify(rows, pack.endpoint_id)
+    stored, dup, unknown, notices = deps.store().finish_notify(rows, endpoint_id)
     # tell the submitters' WebSocket connections, small results inside (DESIGN.md 2, step 7)
     push.notify(notices, {row[0]: (row[1], row[2], row[3], row[4]) for row in rows})
     return stored, dup, unknown
+
+
+def _with_direct(pack: ResultPack, rows: list[list]) -> tuple[int, int, int]:
+    """Queued tasks are finished as ever; direct ones are recorded, never pushed."""
+    queued = [row for r, row in zip(pack.results, rows) if r.session is None]
+    direct = [(r, row) for r, row in zip(pack.results, rows) if r.session is not None]
+    counts = _finish(pack.endpoint_id, queued) if queued else (0, 0, 0)
+    recorded = direct_results.record(pack.endpoint_id, [r for r, _ in direct], [row for _, row in direct], time.time())
+    return counts[0] + recorded[0], counts[1] + recorded[1], counts[2] + recorded[2]
 
 
 def record_handler(record: SQSRecord) -> None:

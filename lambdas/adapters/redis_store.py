@@ -23,6 +23,8 @@ batch at once, so a batch of 10,000 tasks costs a handful of round trips. Key la
   recent:<owner>   zset task -> created: the owner's latest RECENT_MAX tasks (GET /tasks,
                    reports and the status page; older ones come from the durable history);
                    first:<owner> the time of the owner's first task (tells whether it is complete)
+  ds:<session>     hash: o owner, e endpoint, f:<function> 1: a direct session
+                   (lambdas/core/sessions.py), whose reported results _DIRECT records
 """
 from __future__ import annotations
 
@@ -194,6 +196,63 @@ if #ids > 0 then
   return {#ids, _prev(owner, id), id, csv}
 end
 return {0}
+"""
+
+# Results of direct sessions (skyfn.protocol.direct): tasks the service never queued, created
+# here in their final state for the owner of their session record ds:<session>, only if the
+# session is the sending endpoint's and names the function. Create-if-absent: a redelivered
+# pack counts duplicates. Indexed like any finished task (recent:, purge, outbox) but never
+# announced on done:<owner>: the SDK has the results already, and an entry nobody pushes
+# would show its connections a gap. The SDK got each result from the agent: it counts as
+# retrieved, purged result_ttl from now.
+_DIRECT = _BULK + """
+local rows = cjson.decode(ARGV[1])
+local now, from = ARGV[2], ARGV[4]
+local purge_at = tonumber(now) + tonumber(ARGV[3])
+local sessions, recent, owners = {}, {}, {}
+local ended, purge = {}, {}
+local stored, dup, unknown = 0, 0, 0
+for i, r in ipairs(rows) do
+  local sk = 'ds:' .. r[2]
+  local owner = sessions[r[2]]
+  if owner == nil then
+    local v = redis.call('HMGET', sk, 'o', 'e')
+    owner = (v[1] and v[2] == from) and v[1] or false
+    sessions[r[2]] = owner
+  end
+  local key = 't:' .. r[1]
+  if not owner or redis.call('HEXISTS', sk, 'f:' .. r[3]) == 0 then
+    unknown = unknown + 1
+  elseif redis.call('EXISTS', key) == 1 then
+    dup = dup + 1
+  else
+    local f = {'o', owner, 'f', r[3], 'e', from, 'sub', r[2], 's', r[4], 'r', 0, 'mr', 0, 'c', r[11], 'rt', now,
+               'ev', r[8] .. r[4] .. '@' .. now .. ';STORED@' .. now .. ';'}
+    if r[5] ~= cjson.null then f[#f + 1] = 'res'; f[#f + 1] = r[5] end
+    if r[6] ~= cjson.null then f[#f + 1] = 'err'; f[#f + 1] = r[6] end
+    if r[7] ~= cjson.null then f[#f + 1] = 'why'; f[#f + 1] = r[7] end
+    if r[9] ~= cjson.null then f[#f + 1] = 'so'; f[#f + 1] = r[9] end
+    if r[10] ~= cjson.null then f[#f + 1] = 'se'; f[#f + 1] = r[10] end
+    redis.call('HSET', key, unpack(f))
+    ended[#ended + 1] = r[1]
+    purge[#purge + 1] = purge_at; purge[#purge + 1] = r[1]
+    local per = recent[owner]
+    if not per then per = {}; recent[owner] = per; owners[#owners + 1] = owner end
+    per[#per + 1] = r[11]; per[#per + 1] = r[1]
+    stored = stored + 1
+  end
+end
+if #ended > 0 then
+  bulk('ZADD', 'purge', purge, 2)
+  bulk('RPUSH', 'outbox', ended, 1)
+end
+for _, owner in ipairs(owners) do
+  bulk('ZADD', 'recent:' .. owner, recent[owner], 2)
+  redis.call('ZREMRANGEBYRANK', 'recent:' .. owner, 0, -(tonumber(ARGV[5]) + 1))
+  redis.call('EXPIRE', 'recent:' .. owner, 30 * 86400)
+  redis.call('SETNX', 'first:' .. owner, recent[owner][1])
+end
+return {stored, dup, unknown}
 """
 
 _RANK = "{CREATED=0, QUEUED=1, DISPATCHED=2, RUNNING=3}"
@@ -383,6 +442,7 @@ class TaskStore:
         self._cancel = client.register_script(_CANCEL)
         self._status = client.register_script(_STATUS)
         self._retrieved = client.register_script(_RETRIEVED)
+        self._direct = client.register_script(_DIRECT)
 
     @classmethod
     def from_url(cls, url: str, **kw: Any) -> "TaskStore":
@@ -472,6 +532,16 @@ class TaskStore:
         notices = [Notice(_s(owner), _s(prev), _s(entry), _s(csv).split(","))
                    for owner, prev, entry, csv in raw or ()]
         return int(stored), int(dup), int(unknown), notices
+
+    def record_direct(self, rows: list[list[Any]], endpoint_id: str) -> tuple[int, int, int]:
+        """Tasks of direct sessions, created final: rows [task_id, session, function_id,
+        state, result, error, reason, events 'S@ts;...' from CREATED on, stdout, stderr,
+        created]. Only rows whose session record ds:<session> is `endpoint_id`'s and names
+        the function are stored, with the session's owner; the others count as unknown,
+        tasks that exist already as duplicates. Returns (stored, duplicates, unknown)."""
+        stored, dup, unknown = self._direct(args=[orjson.dumps(rows), f"{time.time():.6f}", self.result_ttl,
+                                                  endpoint_id, RECENT_MAX])
+        return int(stored), int(dup), int(unknown)
 
     def mark_retrieved(self, task_ids: list[str]) -> None:
         """Results handed to their owner by the push: purged result_ttl from now, as if read."""

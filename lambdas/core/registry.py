@@ -8,10 +8,11 @@ from typing import Any, NamedTuple
 import orjson
 
 from lambdas.config import settings
-from lambdas.core import access, allowlist, deps
+from lambdas.core import access, allowlist, deps, direct_info
 from lambdas.core.errors import NotFound
 from lambdas.core.ids import is_uuid, new_id
 from skyfn.protocol.api import EndpointInfo, FunctionInfo, RegisterEndpoint, RegisterFunction
+from skyfn.protocol.direct import DirectInfo
 
 ALL_ENDPOINTS = "ep-index"  # set: the ids of the endpoints cached in Redis (ep:<id>)
 
@@ -196,9 +197,11 @@ def list_endpoints(owner: str) -> list[EndpointInfo]:
 
 
 def heartbeat(owner: str, endpoint_id: str, stats: dict[str, Any], agent_endpoint: str | None = None,
-              allowed: Any = ...) -> EndpointInfo:
+              allowed: Any = ..., direct: DirectInfo | None = None) -> EndpointInfo:
     """From the endpoint's agent (its credential: `agent_endpoint`) or a user with 'manage'.
-    `allowed`: the agent's allowlist as it stands (None: any function; ...: not reported)."""
+    `allowed`: the agent's allowlist as it stands (None: any function; ...: not reported).
+    `direct`: the agent's direct channel (lambdas/core/direct_info.py), published or, when
+    None, withdrawn by the agent's own heartbeats only; a user's heartbeat leaves it alone."""
     rec = _endpoint_record(endpoint_id)
     if rec is None:
         raise NotFound(f"endpoint {endpoint_id} not found: list yours with Client.list_endpoints()")
@@ -211,8 +214,11 @@ def heartbeat(owner: str, endpoint_id: str, stats: dict[str, Any], agent_endpoin
     else:
         access.require("endpoint", endpoint_id, rec["o"], owner, "manage",
                        f"endpoint {endpoint_id} (list yours with Client.list_endpoints())")
-    deps.redis_client().hset(f"ep:{endpoint_id}", mapping={"hb": f"{time.time():.6f}", "st": "online",
-                                                            "stats": orjson.dumps(stats)})
+    pipe = deps.redis_client().pipeline(transaction=False)
+    pipe.hset(f"ep:{endpoint_id}", mapping={"hb": f"{time.time():.6f}", "st": "online", "stats": orjson.dumps(stats)})
+    if agent_endpoint is not None:
+        direct_info.publish(pipe, endpoint_id, direct)
+    pipe.execute()
     if allowed is not ...:
         allowlist.update(endpoint_id, allowed)
     return endpoint_info(owner, endpoint_id)
@@ -229,4 +235,5 @@ def mark_silent_endpoints_offline() -> list[str]:
         if st == b"online" and hb is not None and float(hb) < limit:
             r.hset(key, "st", "offline")
             offline.append(endpoint_id)
+    direct_info.withdraw(offline)  # a silent agent takes no new direct sessions
     return offline
