@@ -97,6 +97,8 @@ class Agent:
             "failed": ix.failed if ix else 0,
             "retried": ix.retried if ix else 0,
             "received_tasks": ix.received_tasks if ix else 0,
+            # direct sessions: address and counters only (the session key is a secret)
+            "direct": ix.direct.stats() if ix is not None and ix.direct is not None else None,
             "uptime": round(time.time() - self.started, 1),
         }
 
@@ -306,6 +308,11 @@ class Agent:
         self.outbox.start()
         ix = self.interchange = Interchange(cfg, self.endpoint_id, self.outbox, key_dir=self.paths.dir / "curve")
         self.outbox.on_idle = ix.wake_up
+        if self.link is not None:  # at once: the first heartbeat publishes the direct socket (sessions can open)
+            self.heartbeater = Heartbeater(self.link, self.endpoint_id, cfg.heartbeat_period, self.stats,
+                                           allowed=self.allowed_report(),
+                                           direct=ix.direct.info() if ix.direct is not None else None)
+            self.heartbeater.start()
         self._start_managers(ix)
         self.poller = Poller(poll_queue, capacity=ix.capacity, receive_batch=cfg.receive_batch,
                              receive_wait=cfg.receive_wait, lease_seconds=cfg.lease_seconds,
@@ -319,10 +326,6 @@ class Agent:
                 self.control_poller.start()
             except Exception as exc:  # noqa: BLE001 - cancels then only stop queued tasks at the service
                 log.error("cannot open the control queue (%s): cancels will not reach running tasks", exc)
-        if self.link is not None:
-            self.heartbeater = Heartbeater(self.link, self.endpoint_id, cfg.heartbeat_period, self.stats,
-                                           allowed=self.allowed_report())
-            self.heartbeater.start()
         self.state = "running"
         log.info("endpoint %s running: %d workers, capacity %d tasks, consumer %s", self.endpoint_id,
                  cfg.workers, cfg.capacity, self.consumer)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -76,6 +77,8 @@ ALLOWED: dict[str, str] = {
             "data stores",
     "allowed_functions": "a list of function ids (UUIDs) and {owner, name} mappings: the only functions that may "
                          "run here (endpoint_agent/allowlist.py)",
+    "direct": "a mapping {listen: the host to bind (127.0.0.1: this machine only; 0.0.0.0: all), port: 0 (any "
+              "free port) to 65535, advertise: the host SDKs connect to}, or true for the defaults; absent: off",
 }
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "ip6-localhost")
@@ -83,6 +86,34 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1", "ip6-localhost")
 
 def is_loopback(address: str) -> bool:
     return address in LOOPBACK or address.startswith("127.")
+
+
+class DirectConfig(BaseModel):
+    """`direct:`: the socket SDKs send direct-session task packs to (endpoint_agent/direct.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    listen: str = Field(default="127.0.0.1", min_length=1)
+    port: int = Field(default=0, ge=0, le=65535)
+    advertise: Optional[str] = Field(default=None, min_length=1)
+
+    @field_validator("listen", "advertise")
+    @classmethod
+    def _host(cls, value: Optional[str]) -> Optional[str]:
+        """A host alone: the port has its own key."""
+        if value is None:
+            return value
+        if "://" in value or any(c.isspace() for c in value):
+            raise ValueError("give the host alone, e.g. 127.0.0.1 (no tcp://, no spaces; the port goes in direct.port)")
+        if value.count(":") == 1:
+            raise ValueError("give the host alone, without ':port' (the port goes in direct.port)")
+        return value
+
+    def advertised_host(self) -> str:
+        """The host SDKs connect to (as interchange_advertise defaults)."""
+        if self.advertise:
+            return self.advertise
+        return self.listen if self.listen not in ("0.0.0.0", "*") else socket.getfqdn()
 
 
 class EndpointConfig(BaseModel):
@@ -129,6 +160,18 @@ class EndpointConfig(BaseModel):
     data: Optional[DataConfig] = None
     # the only functions that may run here (None: any); checked by the service and by the agent
     allowed_functions: Optional[list[AllowedFunction]] = None
+    # direct sessions: SDKs send task packs straight to the interchange (None: off)
+    direct: Optional[DirectConfig] = None
+
+    @field_validator("direct", mode="before")
+    @classmethod
+    def _direct_switch(cls, value: Any) -> Any:
+        # `direct: true` turns it on with the defaults; `direct: false` is off
+        if value is True:
+            return {}
+        if value is False:
+            return None
+        return value
 
     @field_validator("allowed_functions", mode="before")
     @classmethod
@@ -335,6 +378,12 @@ provider: local            # allowed: local, slurm, pbs
 # max_output_bytes: 65536          # captured stdout / stderr per task and stream, then truncated
 # cores: <CPU count>               # cores of this node shared out by tasks' resources (cores: n)
 # accelerators: auto               # GPU ids, e.g. ["0", "1"]; auto: from CUDA_VISIBLE_DEVICES
+
+# --- Direct sessions (SDKs send tasks straight to this agent; the service still authorizes) --
+# direct:                          # absent: off. The socket is always CurveZMQ (key pair in curve/)
+#   listen: 127.0.0.1              # bind address; 0.0.0.0 to take sessions from other machines
+#   port: 0                        # 0: any free port (published with each heartbeat)
+#   advertise: <host>              # the host SDKs connect to (default: listen, or this host's name)
 
 # --- Which functions may run here ------------------------------------------------
 # allowed_functions:               # absent: any function its users may submit; a list: only these

@@ -15,7 +15,9 @@ IxState, ix_state.py; the Interchange is one):
                     manager processes and their restarts, snapshots;
   - ix_dispatch.py  choosing managers for pending tasks and sending them;
   - ix_results.py   results and updates batched into ResultPack bodies to the outbox,
-                    with the acks of the packs done.
+                    with the acks of the packs done;
+  - direct.py       with `direct:` configured, the socket SDKs of direct sessions send
+                    task packs to (in the same poller) and get their results from.
 Records are plain dicts/lists and bodies orjson: the wire shape is exactly
 skyfn.protocol.messages.ResultPack (the tests validate it with the model).
 
@@ -123,6 +125,19 @@ class Interchange(IxState):
         self.intake = Intake(config, endpoint_id, self.out)
         self.registry = ManagerRegistry(config, self.out)
         self.dispatcher = Dispatcher(self.out)
+        self.direct = None
+        if config.direct is not None:
+            if key_dir is None:
+                raise ValueError("direct sessions need a directory for the interchange's key pair")
+            from endpoint_agent.direct import DirectServer
+
+            try:
+                self.direct = DirectServer(config.direct, endpoint_id, self.ctx, ensure_server_keys(key_dir))
+            except Exception:
+                self.router.close(0)
+                self.wake.close(0)
+                raise
+            self.poller.register(self.direct.sock, zmq.POLLIN)
 
         # an aAPP policy (placement_policy) places tasks on managers instead of the built-in routing
         if config.placement_policy:
@@ -281,6 +296,11 @@ class Interchange(IxState):
                     wake.recv(zmq.NOBLOCK)
             except zmq.Again:
                 pass
+        direct = self.direct
+        if direct is not None and direct.sock in events:
+            entries = direct.drain(self)
+            if entries:
+                self.intake.ingest(self, entries)
         if self.handoff:
             self.intake.ingest(self)
         if self.control:
@@ -294,6 +314,8 @@ class Interchange(IxState):
         if self.n_pending:
             self.dispatcher.dispatch(self)
         out.maybe_flush(self, mono)
+        if self.direct_replies:
+            direct.flush(self)
 
     def do_control(self) -> None:
         while self.control:
@@ -349,6 +371,8 @@ class Interchange(IxState):
         if self.staging is not None:
             self.staging.close()
         self.registry.stop_managers(self)
+        if self.direct is not None:
+            self.direct.close(self)
         for sock in list(self._wakers.values()):
             sock.close(0)
         self.router.close(0)

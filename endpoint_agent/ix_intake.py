@@ -5,7 +5,8 @@ and every task an integer key and a task record (task_record.py), pending on its
 (container type, cores, GPUs; plus the function tag under a placement policy). Refused
 here, with a result and never dispatched: a function outside `allowed_functions` (its
 body is not even kept), a function whose body is not in the pack, and a task with
-GlobusFiles on an endpoint without data staging. A task cancelled before it arrived is
+GlobusFiles on an endpoint without data staging. Packs of direct sessions (direct.py) come
+the same way, with a DirectReceipt. A task cancelled before it arrived is
 dropped on arrival. A cancel drops a pending task, and asks the manager holding a
 dispatched one to drop or kill it; either way the task counts as done for its pack, with
 no result (the service already marked it CANCELLED). The methods take the interchange's
@@ -13,6 +14,7 @@ state (ix_state.py).
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import time
@@ -45,10 +47,11 @@ class Intake:
 
             self.gate = FunctionGate(config.allowed_functions, endpoint_id)
 
-    def ingest(self, st: IxState) -> None:
-        """Take every pack handed off by the poller."""
+    def ingest(self, st: IxState, direct: list | None = None) -> None:
+        """Take every pack handed off by the poller, or the `direct` ones (direct.py: from
+        this thread, so not counted in `given`)."""
         out = self.out
-        handoff = st.handoff
+        handoff = st.handoff if direct is None else collections.deque(direct)
         tasks = st.tasks
         plain = st.pending[PLAIN]
         functions = st.functions
@@ -59,7 +62,8 @@ class Intake:
         while handoff:
             receipt, pack, recv_ts = handoff.popleft()
             n = len(pack.tasks)
-            st.taken += n
+            if direct is None:
+                st.taken += n
             st.received_packs += 1
             st.received_tasks += n
             if pack.functions:
@@ -72,6 +76,8 @@ class Intake:
                 st.result_upload = pack.result_upload
             seq = next(self.pack_seq)
             st.packs[seq] = [receipt, n, pack.owner]  # the owner: whose refs the tasks may resolve
+            if direct is not None:
+                st.direct_packs[seq] = receipt
             if not n:
                 out.pack_done(st, seq)
                 continue

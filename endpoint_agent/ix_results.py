@@ -8,6 +8,9 @@ results (and PACK_MAX_BYTES) per body, UPDATES_PER_BODY updates, at most one sen
 `result_flush_ms` (a lone result goes at once, when the outbox is idle). A task message
 is acknowledged in the same outbox operation as, and after, the last result of its pack;
 a task that ends without a result (cancelled) still counts as done for its pack.
+A task of a direct session (direct.py) has no message: its result also goes back to
+the SDK (st.direct_replies, sent at the end of the interchange's step) and carries its
+session and function id; it gets no RUNNING or LEASE update.
 
 Every outcome -- a manager's result, a task refused, failed or out of retries -- goes
 through `add`. One ResultBatcher per interchange, on the interchange's thread; its
@@ -70,9 +73,10 @@ class ResultBatcher:
     def on_running(self, st: IxState, items: list) -> None:
         lease = st.config.lease_seconds
         tasks = st.tasks
+        direct = st.direct_packs
         for key, ts in items:
             t = tasks.get(key)
-            if t is not None:
+            if t is not None and not (direct and t[T_PACK] in direct):  # the service knows no direct task yet
                 if not (self.results or self.updates):
                     self.first_buffered = time.monotonic()
                 self.updates.append({"task_id": t[T_ID], "state": RUNNING_UPDATE, "ts": ts, "lease_seconds": lease})
@@ -88,6 +92,16 @@ class ResultBatcher:
             st.completed += 1
         else:
             st.failed += 1
+        if st.direct_packs:
+            d = st.direct_packs.get(pack)
+            if d is not None:  # back to the SDK at the end of the step (direct.py), and recorded by the service
+                rec["session"] = d.session
+                rec["function_id"] = d.functions.get(rec["task_id"])
+                replies = st.direct_replies.get(d.identity)
+                if replies is None:
+                    st.direct_replies[d.identity] = [rec]
+                else:
+                    replies.append(rec)
         self.results.append(rec)
         self.results_bytes += 160 + len(rec.get("result") or "") + len(rec.get("error") or "") + \
             len(rec.get("stdout") or "") + len(rec.get("stderr") or "")
@@ -106,6 +120,8 @@ class ResultBatcher:
     def pack_done(self, st: IxState, seq: int) -> None:
         """Every task of the pack is done: its message is acknowledged with the next flush."""
         receipt = st.packs.pop(seq)[0]
+        if st.direct_packs and st.direct_packs.pop(seq, None) is not None:
+            return  # no queue message to acknowledge
         if not (self.results or self.updates or self.acks):
             self.first_buffered = time.monotonic()
         self.acks.append(receipt)
@@ -155,12 +171,13 @@ class ResultBatcher:
 
     def extend_leases(self, st: IxState) -> None:
         """Extend the leases of every pack held, and tell the service (LEASE updates)."""
-        receipts = [p[0] for p in st.packs.values()]
+        direct = st.direct_packs  # direct sessions' packs: no lease, and tasks the service does not know yet
+        receipts = [p[0] for seq, p in st.packs.items() if seq not in direct]
         if not receipts:
             return
         ts = now()
         lease = st.config.lease_seconds
         self.updates.extend({"task_id": t[T_ID], "state": "LEASE", "ts": ts, "lease_seconds": lease}
-                            for t in st.tasks.values())
+                            for t in st.tasks.values() if not direct or t[T_PACK] not in direct)
         st.outbox.put(extend=receipts)
         self.flush(st)

@@ -74,6 +74,18 @@ class ManagerHandle:
                 "worker_pids": list(self.worker_pids)}
 
 
+class DirectReceipt:
+    """The receipt of a pack from a direct session (direct.py): there is no queue message
+    to acknowledge or lease; its results go back to `identity` on the direct socket too."""
+
+    __slots__ = ("identity", "session", "functions")
+
+    def __init__(self, identity: bytes, session: str, functions: dict[str, str]):
+        self.identity = identity    # the SDK's routing identity on the direct socket
+        self.session = session      # the session id (the token's sid)
+        self.functions = functions  # task id -> function id (what the service records)
+
+
 class IxState:
     """The interchange's records. `router` is its ROUTER socket (every part sends on it,
     from the interchange's thread only); the addresses and the server key are what
@@ -97,6 +109,8 @@ class IxState:
 
         self.tasks: dict[int, list] = {}          # key -> task record (task_record.py)
         self.packs: dict[int, list] = {}          # seq -> [receipt, remaining, owner]
+        self.direct_packs: dict[int, DirectReceipt] = {}  # seq -> receipt, of the packs from direct sessions
+        self.direct_replies: dict[bytes, list[dict]] = {}  # SDK identity -> results to send it this step
         self.result_upload: dict | None = None    # presigned S3 form of the latest pack (large results)
         self.pending: dict[tuple, collections.deque] = {PLAIN: collections.deque()}
         self.n_pending = 0

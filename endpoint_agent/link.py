@@ -3,7 +3,9 @@
 POST /endpoints {name, metadata} -> EndpointRegistered (endpoint_id and the task and
 results QueueDescriptors). POST /endpoints/{id}/heartbeat {"stats": {...}} every
 heartbeat_period. Both carry the endpoint's allowlist (`allowed_functions`, None: any
-function), so the service refuses other functions at submission. A service that is down is retried with exponential backoff; the agent
+function), so the service refuses other functions at submission. With direct sessions on,
+every heartbeat also carries the direct socket's DirectInfo (skyfn.protocol.direct): the
+service signs session tokens with its session key, and forgets it when heartbeats stop. A service that is down is retried with exponential backoff; the agent
 keeps running tasks meanwhile (the queues do not need the service). A 4xx answer to
 registration is not retried: the token or the name is wrong, and the message says so.
 """
@@ -97,9 +99,16 @@ class ServiceLink:
                 time.sleep(delay)
             delay = min(BACKOFF_MAX_S, delay * 2)
 
-    def heartbeat(self, endpoint_id: str, stats: dict[str, Any], allowed: Any = ...) -> dict[str, Any]:
-        """`allowed`: the allowlist to report (None: any function); not given: not reported."""
-        body = Heartbeat(stats=stats) if allowed is ... else Heartbeat(stats=stats, allowed_functions=allowed)
+    def heartbeat(self, endpoint_id: str, stats: dict[str, Any], allowed: Any = ...,
+                  direct: dict[str, str] | None = None) -> dict[str, Any]:
+        """`allowed`: the allowlist to report (None: any function); not given: not reported.
+        `direct`: the agent's DirectInfo (skyfn.protocol.direct), with every heartbeat while it takes sessions."""
+        fields: dict[str, Any] = {"stats": stats}
+        if allowed is not ...:
+            fields["allowed_functions"] = allowed
+        if direct is not None:
+            fields["direct"] = direct
+        body = Heartbeat(**fields)
         return self._post(f"/endpoints/{endpoint_id}/heartbeat", body.model_dump_json(exclude_unset=True))
 
     def close(self) -> None:
@@ -111,9 +120,10 @@ class Heartbeater(threading.Thread):
     backoff capped at the period, and logs once per outage rather than per attempt."""
 
     def __init__(self, link: ServiceLink, endpoint_id: str, period: float, stats: Callable[[], dict[str, Any]],
-                 allowed: Any = ...):
+                 allowed: Any = ..., direct: dict[str, str] | None = None):
         super().__init__(name="skyfn-heartbeat", daemon=True)
         self.allowed = allowed  # the allowlist reported with each heartbeat (... : none reported)
+        self.direct = direct    # DirectInfo of the direct socket, with each heartbeat (holds a secret: not logged)
         self.link = link
         self.endpoint_id = endpoint_id
         self.period = period
@@ -128,7 +138,7 @@ class Heartbeater(threading.Thread):
         down_since: float | None = None
         while not self._halt.wait(wait):
             try:
-                self.link.heartbeat(self.endpoint_id, self.stats(), self.allowed)
+                self.link.heartbeat(self.endpoint_id, self.stats(), self.allowed, self.direct)
                 self.sent += 1
                 if down_since is not None:
                     log.info("service reachable again after %.0f s", time.monotonic() - down_since)

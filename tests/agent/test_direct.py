@@ -1,0 +1,399 @@
+"""Direct sessions against a real interchange: real manager and worker processes, an
+Outbox sending to a real Redis results stream, and an SDK stand-in that is a real ZeroMQ
+DEALER with CurveZMQ client keys, speaking skyfn.protocol.direct with tokens minted by
+the service's function (mint_token) over the agent's published session key."""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from concurrent.futures import Future
+
+import orjson
+import pytest
+import zmq
+
+from endpoint_agent.config import ConfigError, parse_config
+from endpoint_agent.interchange import Interchange
+from endpoint_agent.outbox import Outbox
+from skyfn.protocol import direct as dp
+from skyfn.protocol.api import Heartbeat
+from skyfn.protocol.messages import TaskPack, TaskSpec
+from skyfn.protocol.queues import open_queue
+from skyfn.protocol.remote_exception import unwrap_exception
+from skyfn.protocol.serialize import deserialize, pack_args, serialize_function
+from tests.agent import fns
+
+SQUARE = serialize_function(fns.square)
+FAIL = serialize_function(fns.fail)
+SLOW = serialize_function(fns.slow)
+
+
+class SpyTaskQueue:
+    """The agent's task queue as the outbox uses it: records what it acks and extends."""
+
+    def __init__(self):
+        self.deleted: list[str] = []
+        self.extended: list[str] = []
+
+    def extend(self, receipts, visibility_timeout=None):
+        self.extended.extend(receipts)
+
+    def delete(self, receipts):
+        self.deleted.extend(receipts)
+
+
+class Rig:
+    """An Interchange with direct sessions on, its loop in a thread of its own (the
+    interchange's thread), one local manager with two workers, and a real Outbox."""
+
+    def __init__(self, tmp_path, queues, **cfg):
+        self.queues = queues
+        self.spy = SpyTaskQueue()
+        results = open_queue(queues.results_desc, consumer="agent")
+        self.outbox = Outbox(self.spy, results, 60.0)
+        self.outbox.start()
+        config = parse_config({"workers": 2, "managers": 1, "manager_heartbeat_period": 0.5,
+                               "direct": {"listen": "127.0.0.1"}, **cfg})
+        self.ctx = zmq.Context()
+        self.ix = Interchange(config, "ep", self.outbox, ctx=self.ctx, key_dir=tmp_path / "curve")
+        self.outbox.on_idle = self.ix.wake_up
+        self.calls: collections.deque = collections.deque()
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self.ix.start_local_managers()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while self.ix.snapshot()["workers"] < 2:
+            assert time.monotonic() < deadline, "the manager never registered its workers"
+            time.sleep(0.05)
+
+    def _loop(self):
+        try:
+            while not self._stop.is_set():
+                self.ix.step(0.02)
+                while self.calls:
+                    fn, fut = self.calls.popleft()
+                    fut.set_result(fn())
+        except BaseException as exc:  # the test fails on it
+            self.errors.append(exc)
+            raise
+
+    def on_loop(self, fn):
+        """Run fn on the interchange's thread; its result."""
+        fut: Future = Future()
+        self.calls.append((fn, fut))
+        self.ix.wake_up()
+        return fut.result(timeout=10)
+
+    def close(self):
+        self._stop.set()
+        self.thread.join(10)
+        self.outbox.drain(timeout=10)
+        self.outbox.close()
+        self.ix.close()
+        self.ctx.term()
+        assert not self.errors, self.errors
+
+
+class Sdk:
+    """The SDK's end of a session: a CurveZMQ DEALER client of the direct socket."""
+
+    def __init__(self, ix: Interchange, ctx: zmq.Context):
+        info = ix.direct.info()
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        pub, sec = zmq.curve_keypair()
+        self.sock.curve_secretkey, self.sock.curve_publickey = sec, pub
+        self.sock.curve_serverkey = info["server_key"].encode()
+        self.sock.connect(info["address"])
+        self.frames: list[list[bytes]] = []
+
+    def submit(self, token: str, tasks: list[TaskSpec], functions: dict[str, str]) -> None:
+        pack = {"tasks": [t.model_dump(exclude_none=True) for t in tasks], "functions": functions}
+        self.sock.send_multipart([dp.SUBMIT, token.encode(), orjson.dumps(pack)])
+
+    def recv(self, timeout: float = 10.0) -> list[bytes]:
+        assert self.sock.poll(timeout * 1000), f"nothing from the agent in {timeout} s"
+        frames = self.sock.recv_multipart()
+        self.frames.append(frames)
+        return frames
+
+    def results(self, task_ids, timeout: float = 30.0) -> dict[str, dict]:
+        want, got = set(task_ids), {}
+        deadline = time.monotonic() + timeout
+        while not want <= got.keys():
+            op, body = self.recv(max(0.1, deadline - time.monotonic()))
+            assert op == dp.RESULTS, (op, body)
+            for rec in orjson.loads(body):
+                assert rec["task_id"] not in got, f"two results for {rec['task_id']}"
+                got[rec["task_id"]] = rec
+        return got
+
+    def refusal(self, timeout: float = 10.0) -> dict:
+        op, body = self.recv(timeout)
+        assert op == dp.REFUSED, (op, body)
+        return orjson.loads(body)
+
+    def close(self):
+        self.sock.close(0)
+
+
+@pytest.fixture
+def rig(tmp_path, queues):
+    r = Rig(tmp_path, queues)
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def sdk(rig):
+    s = Sdk(rig.ix, rig.ctx)
+    yield s
+    s.close()
+
+
+def _token(rig, fns_map=None, *, key=None, endpoint="ep", ttl=60.0, sid="sess-1", owner="alice"):
+    fns_map = {"f1": dp.body_digest(SQUARE)} if fns_map is None else fns_map
+    token, _ = dp.mint_token(key or rig.ix.direct.session_key, session_id=sid, owner=owner, endpoint_id=endpoint,
+                             functions=fns_map, ttl=ttl)
+    return token
+
+
+def _tasks(prefix, n, fid="f1", args=lambda i: (i,)):
+    return [TaskSpec(task_id=f"{prefix}{i}", function_id=fid, payload=pack_args(args(i), {})) for i in range(n)]
+
+
+def _nothing_ran(rig, ids, wait=0.5):
+    """No result for any of `ids` reached the results queue, and the interchange holds none."""
+    time.sleep(wait)
+    rig.queues.drain(wait=0.1)
+    assert not set(ids) & rig.queues.by_task.keys()
+    held = rig.on_loop(lambda: {t[0] for t in rig.ix.tasks.values()})
+    assert not set(ids) & held
+
+
+def test_tasks_run_and_results_come_back_to_the_sdk_and_the_results_queue(rig, sdk):
+    token = _token(rig, {"f1": dp.body_digest(SQUARE), "f2": dp.body_digest(FAIL)})
+    tasks = _tasks("a", 3) + [TaskSpec(task_id="boom", function_id="f2", payload=pack_args((7,), {}))]
+    sdk.submit(token, tasks, {"f1": SQUARE, "f2": FAIL})
+    got = sdk.results([t.task_id for t in tasks])
+    for i in range(3):
+        r = got[f"a{i}"]
+        assert r["state"] == "SUCCEEDED" and deserialize(r["result"]) == i * i
+        assert r["session"] == "sess-1" and r["function_id"] == "f1"
+        assert [e[0] for e in r["events"]] == ["DISPATCHED", "RUNNING", "DONE"]
+    exc = unwrap_exception(got["boom"]["error"])
+    assert got["boom"]["state"] == "FAILED" and isinstance(exc, ValueError) and "bad value 7" in str(exc)
+    assert got["boom"]["function_id"] == "f2"
+
+    # the same records reach the results queue (validated as ResultPacks), for the service to record
+    recorded = rig.queues.collect([t.task_id for t in tasks], timeout=10)
+    for tid, recs in recorded.items():
+        assert len(recs) == 1 and recs[0]["session"] == "sess-1"
+        assert recs[0]["function_id"] == ("f2" if tid == "boom" else "f1")
+        assert recs[0]["state"] == got[tid]["state"]
+
+    # no queue message: nothing acknowledged, no lease extended, no RUNNING/LEASE update for them
+    rig.on_loop(rig.ix.extend_leases)
+    rig.outbox.drain(timeout=5)
+    assert rig.spy.deleted == [] and rig.spy.extended == []
+    rig.queues.drain(wait=0.2)
+    assert not {u["task_id"] for u in rig.queues.updates} & {t.task_id for t in tasks}
+    assert rig.ix.direct_packs == {} and rig.ix.load() == 0
+    stats = rig.ix.direct.stats()
+    assert stats["packs"] == 1 and stats["tasks"] == 4 and stats["refused"] == 0
+
+
+def test_a_later_pack_may_leave_out_a_body_already_verified(rig, sdk):
+    token = _token(rig)
+    sdk.submit(token, _tasks("first", 1), {"f1": SQUARE})
+    assert deserialize(sdk.results(["first0"])["first0"]["result"]) == 0
+    sdk.submit(token, _tasks("again", 2, args=lambda i: (i + 5,)), {})
+    got = sdk.results(["again0", "again1"])
+    assert [deserialize(got[t]["result"]) for t in ("again0", "again1")] == [25, 36]
+
+
+def test_200_tasks_in_one_pack_come_back_in_few_frames(rig, sdk):
+    tasks = _tasks("b", 200)
+    sdk.submit(_token(rig), tasks, {"f1": SQUARE})
+    got = sdk.results([t.task_id for t in tasks])
+    assert all(deserialize(got[f"b{i}"]["result"]) == i * i for i in range(200))
+    assert len(sdk.frames) < 200  # batched per interchange step
+    rig.queues.collect([t.task_id for t in tasks], timeout=10)
+    assert rig.spy.deleted == []
+
+
+def test_polled_packs_are_still_acknowledged_and_leased_beside_direct_ones(rig, sdk):
+    slow_token = _token(rig, {"s": dp.body_digest(SLOW)})
+    sdk.submit(slow_token, [TaskSpec(task_id="d-slow", function_id="s", payload=pack_args((1, 1.0), {}))],
+               {"s": SLOW})
+    polled = TaskPack(pack_id="p", endpoint_id="ep", functions={"s": SLOW},
+                      tasks=[TaskSpec(task_id="q-slow", function_id="s", payload=pack_args((2, 1.0), {}))])
+    rig.ix.deliver([("receipt-polled", polled, time.time())], 1)
+    deadline = time.monotonic() + 10
+    while rig.on_loop(lambda: len(rig.ix.packs)) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    rig.on_loop(rig.ix.extend_leases)
+    rig.outbox.drain(timeout=5)
+    assert rig.spy.extended == ["receipt-polled"]
+    assert deserialize(sdk.results(["d-slow"])["d-slow"]["result"]) == 1
+    rig.queues.collect(["d-slow", "q-slow"], timeout=10)
+    rig.outbox.drain(timeout=5)
+    assert rig.spy.deleted == ["receipt-polled"]
+    leased = {u["task_id"] for u in rig.queues.updates if u["state"] == "LEASE"}
+    assert leased == {"q-slow"}
+    assert "d-slow" not in {u["task_id"] for u in rig.queues.updates}
+
+
+@pytest.mark.parametrize("case", ["bad_signature", "other_agent", "expired", "wrong_endpoint", "not_in_token",
+                                  "digest_mismatch"])
+def test_refusals_name_the_tasks_and_run_nothing(rig, sdk, case):
+    token, functions, fid = _token(rig), {"f1": SQUARE}, "f1"
+    code = {"bad_signature": dp.REFUSE_BAD_TOKEN, "other_agent": dp.REFUSE_BAD_TOKEN, "expired": dp.REFUSE_EXPIRED,
+            "wrong_endpoint": dp.REFUSE_WRONG_ENDPOINT, "not_in_token": dp.REFUSE_FUNCTION,
+            "digest_mismatch": dp.REFUSE_FUNCTION}[case]
+    if case == "bad_signature":
+        body, sig = token.split(".")
+        token = body + "." + ("A" if sig[0] != "A" else "B") + sig[1:]
+    elif case == "other_agent":
+        token = _token(rig, key=dp.new_session_key())
+    elif case == "expired":
+        token = _token(rig, ttl=-1.0)
+    elif case == "wrong_endpoint":
+        token = _token(rig, endpoint="another-endpoint")
+    elif case == "not_in_token":
+        fid, functions = "f9", {"f9": SQUARE}
+    elif case == "digest_mismatch":
+        functions = {"f1": FAIL}
+    tasks = _tasks(f"r-{case}-", 3, fid=fid)
+    sdk.submit(token, tasks, functions)
+    ref = sdk.refusal()
+    assert ref["code"] == code and ref["task_ids"] == [t.task_id for t in tasks] and ref["reason"]
+    _nothing_ran(rig, [t.task_id for t in tasks])
+    assert rig.ix.direct.stats()["refused"] == 1 and rig.ix.direct.stats()["tasks"] == 0
+
+
+def test_a_cached_token_still_expires(rig, sdk):
+    token = _token(rig, ttl=1.0)
+    sdk.submit(token, _tasks("c", 1), {"f1": SQUARE})
+    sdk.results(["c0"])
+    time.sleep(1.1)
+    sdk.submit(token, _tasks("late", 1), {})
+    ref = sdk.refusal()
+    assert ref["code"] == dp.REFUSE_EXPIRED and ref["task_ids"] == ["late0"]
+
+
+def test_a_missing_body_is_refused(rig, sdk):
+    sdk.submit(_token(rig), _tasks("nobody", 2), {})
+    ref = sdk.refusal()
+    assert ref["code"] == dp.REFUSE_FUNCTION and ref["task_ids"] == ["nobody0", "nobody1"]
+
+
+def test_malformed_packs_are_refused(rig, sdk):
+    token = _token(rig).encode()
+    sdk.sock.send_multipart([dp.SUBMIT, token, b"{not json"])
+    assert sdk.refusal()["code"] == dp.REFUSE_BAD_PACK
+    sdk.sock.send_multipart([dp.SUBMIT, token, orjson.dumps({"tasks": []})])
+    assert sdk.refusal()["code"] == dp.REFUSE_BAD_PACK
+    sdk.sock.send_multipart([dp.SUBMIT, token, orjson.dumps({"tasks": [{"task_id": "m1", "function_id": "f1"}],
+                                                             "functions": {"f1": SQUARE}})])
+    ref = sdk.refusal()
+    assert ref["code"] == dp.REFUSE_BAD_PACK and ref["task_ids"] == ["m1"] and "payload" in ref["reason"]
+    sdk.sock.send_multipart([dp.SUBMIT, token])  # a frame short
+    assert sdk.refusal()["code"] == dp.REFUSE_BAD_PACK
+    _nothing_ran(rig, ["m1"])
+
+
+def test_ping_pong(rig, sdk):
+    sdk.sock.send_multipart([dp.PING])
+    op, body = sdk.recv()
+    info = orjson.loads(body)
+    assert op == dp.PONG and info["load"] == 0 and info["started"] <= time.time()
+
+
+def test_a_client_gone_mid_batch_stalls_nothing(rig, sdk):
+    token, _ = dp.mint_token(rig.ix.direct.session_key, session_id="s2", owner="bob", endpoint_id="ep",
+                             functions={"s": dp.body_digest(SLOW)}, ttl=60)
+    gone = Sdk(rig.ix, rig.ctx)
+    ids = [f"g{i}" for i in range(6)]
+    gone.submit(token, [TaskSpec(task_id=t, function_id="s", payload=pack_args((i, 0.2), {}))
+                        for i, t in enumerate(ids)], {"s": SLOW})
+    deadline = time.monotonic() + 10
+    while rig.ix.direct.stats()["tasks"] < 6:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    gone.close()
+    # the service still gets every result; the SDK's copies are dropped and counted
+    recorded = rig.queues.collect(ids, timeout=20)
+    assert all(r[0]["session"] == "s2" for r in recorded.values())
+    deadline = time.monotonic() + 5
+    while rig.ix.direct.stats()["dropped_results"] < 1:
+        assert time.monotonic() < deadline, rig.ix.direct.stats()
+        time.sleep(0.05)
+    # and the loop serves the next SDK at once
+    sdk.submit(_token(rig), _tasks("after", 1, args=lambda i: (9,)), {"f1": SQUARE})
+    assert deserialize(sdk.results(["after0"], timeout=10)["after0"]["result"]) == 81
+
+
+def test_the_agents_allowlist_applies_to_direct_tasks(tmp_path, queues):
+    rig = Rig(tmp_path, queues, allowed_functions=["0f8fad5b-d9cb-469f-a165-70867728950e"])
+    try:
+        sdk = Sdk(rig.ix, rig.ctx)
+        sdk.submit(_token(rig), _tasks("deny", 1), {"f1": SQUARE})
+        r = sdk.results(["deny0"])["deny0"]
+        assert r["state"] == "FAILED" and "f1" in r["reason"] and r["session"] == "sess-1"
+        sdk.close()
+    finally:
+        rig.close()
+
+
+def test_info_is_what_heartbeats_publish_and_stays_out_of_stats(rig, tmp_path):
+    from endpoint_agent.interchange import ensure_server_keys
+
+    info = rig.ix.direct.info()
+    hb = Heartbeat(stats={}, direct=info)  # the contract's model accepts it
+    assert hb.direct.address == f"tcp://127.0.0.1:{rig.ix.direct.port}"
+    assert hb.direct.server_key == ensure_server_keys(tmp_path / "curve")[0].decode()
+    assert info["session_key"] not in orjson.dumps(rig.ix.direct.stats()).decode()
+
+
+@pytest.mark.parametrize("section,expect", [
+    ({"listen": "tcp://0.0.0.0"}, "direct.listen"),
+    ({"listen": "127.0.0.1:7000"}, "without ':port'"),
+    ({"port": 70000}, "direct.port"),
+    ({"port": "any"}, "direct.port"),
+    ({"advertise": "host name"}, "direct.advertise"),
+    ({"lisen": "127.0.0.1"}, "unknown key 'direct.lisen'"),
+    ("yes", "key 'direct'"),
+])
+def test_config_errors_name_the_field_and_the_fix(section, expect):
+    with pytest.raises(ConfigError) as err:
+        parse_config({"direct": section})
+    assert expect in str(err.value) and "allowed" in str(err.value)
+
+
+def test_config_defaults_and_switch():
+    assert parse_config({}).direct is None
+    assert parse_config({"direct": None}).direct is None
+    on = parse_config({"direct": True}).direct
+    assert (on.listen, on.port, on.advertise) == ("127.0.0.1", 0, None) and on.advertised_host() == "127.0.0.1"
+    assert parse_config({"direct": {"listen": "0.0.0.0", "advertise": "login1"}}).direct.advertised_host() == "login1"
+
+
+def test_a_port_in_use_is_a_config_error(tmp_path):
+    from endpoint_agent.direct import DirectServer
+    from endpoint_agent.interchange import ensure_server_keys
+
+    ctx = zmq.Context()
+    taken = ctx.socket(zmq.REP)
+    port = taken.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        with pytest.raises(ConfigError, match="direct.port"):
+            DirectServer(parse_config({"direct": {"port": port}}).direct, "ep", ctx,
+                         ensure_server_keys(tmp_path / "curve"))
+    finally:
+        taken.close(0)
+        ctx.term()
