@@ -28,7 +28,7 @@ from typing import Optional
 import redis
 
 from lambdas.config import GATEWAY_PROVIDERS, settings
-from lambdas.core import deps
+from lambdas.core import deps, direct_info
 
 log = logging.getLogger("skyfn.agent_keys")
 
@@ -50,6 +50,7 @@ def issue(endpoint_id: str) -> str:
     deps.dynamo().endpoints.update_item(Key={"endpoint_id": endpoint_id}, UpdateExpression="SET cred_hash = :h",
                                         ExpressionAttributeValues={":h": digest})
     deps.redis_client().set(f"agentcred:{endpoint_id}", digest)
+    direct_info.withdraw([endpoint_id])  # published by the holder of the old credential
     if settings().queue_kind == "redis":
         grant_queue_access(endpoint_id, digest)
     return f"{PREFIX}{endpoint_id}.{secret}"
@@ -77,6 +78,7 @@ def revoke(endpoint_id: str) -> None:
     deps.dynamo().endpoints.update_item(Key={"endpoint_id": endpoint_id}, UpdateExpression="REMOVE cred_hash")
     r = deps.redis_client()
     r.delete(f"agentcred:{endpoint_id}")
+    direct_info.withdraw([endpoint_id])  # no new direct sessions with an agent its owner cut off
     if settings().queue_kind == "redis":
         try:
             r.execute_command("ACL", "DELUSER", acl_user(endpoint_id))  # also closes its connections

@@ -100,6 +100,18 @@ def test_a_silent_agents_channel_is_withdrawn_when_it_goes_offline(api, world):
     assert status == 409 and body["error"] == "no_direct_channel"
 
 
+def test_rotating_or_revoking_the_agents_credential_withdraws_its_channel(api, world):
+    ep = world["ep"]
+    publish(world, channel())
+    status, rotated = api.call("POST", f"/endpoints/{ep}/credential")
+    assert status == 201 and stored_channel(ep) is None
+    world["agent"] = Api(rotated["agent_credential"])
+    publish(world, channel())
+    assert api.call("DELETE", f"/endpoints/{ep}/credential")[0] == 200
+    assert stored_channel(ep) is None
+    assert open_session(api, ep, world["fns"])[1]["error"] == "no_direct_channel"
+
+
 def test_the_channel_ttl_follows_the_heartbeat_timeout(api, world, monkeypatch):
     monkeypatch.setenv("SKYFN_HEARTBEAT_TIMEOUT", "0.5")
     deps.reset()
@@ -190,7 +202,8 @@ def test_refusals_are_post_tasks_refusals(api, other_api, world):
         assert as_session[0] == as_tasks[0] == 404, (endpoint, function)
         assert as_session[1] == as_tasks[1]
     # a function the endpoint's allowlist refuses: 403, the same answer
-    status, _ = api.call("POST", "/endpoints", {"name": "hpc", "allowed_functions": [{"function_id": fid}]})
+    status, _ = world["agent"].call("POST", f"/endpoints/{ep}/heartbeat", {
+        "stats": {}, "direct": channel(), "allowed_functions": [{"function_id": fid}]})
     assert status == 200
     other_fn = world["fns"][1]
     as_session, as_tasks = open_session(api, ep, [fid, other_fn]), submit(api, ep, other_fn)
