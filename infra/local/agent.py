@@ -1,6 +1,8 @@
 """Driving the endpoint agent of the embedded runtime through its own CLI
 (`skyfn-endpoint start|stop NAME`), so the runtime starts it exactly as a user would.
 The agent daemonizes itself and records its pid in `$SKYFN_HOME/endpoints/NAME/agent.pid`.
+Its config.yaml is the default template plus a `direct:` section: SDKs on this machine
+may open direct sessions with it (endpoint_agent/direct.py).
 """
 from __future__ import annotations
 
@@ -9,8 +11,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 from infra.local.lambda_pool import REPO_ROOT, child_env
 from infra.local.processes import recorded_process, terminate
+
+LOCAL_DIRECT = """
+# --- Direct sessions (set by the embedded runtime) ----------------------------------
+# SDKs on this machine send tasks straight to this agent; the service still authorizes
+# each session and records each task. `direct: null` turns them off.
+direct:
+  listen: 127.0.0.1
+"""
 
 
 def endpoint_command() -> list[str]:
@@ -39,7 +51,29 @@ def pidfile(home: Path, name: str) -> Path:
     return Path(home) / "endpoints" / name / "agent.pid"
 
 
+def ensure_direct(name: str, home: Path) -> None:
+    """Direct sessions on for the runtime's endpoint: its config.yaml (the default template
+    when there is none yet) gets LOCAL_DIRECT unless it has a `direct` key already. A file
+    that is not a valid mapping is left alone: `skyfn-endpoint start` reports it."""
+    from endpoint_agent.config import write_template
+    from endpoint_agent.paths import EndpointPaths
+
+    paths = EndpointPaths(name, Path(home) / "endpoints")
+    if not paths.config.exists():
+        write_template(paths)
+    text = paths.config.read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return
+    if data is not None and (not isinstance(data, dict) or "direct" in data):
+        return
+    with open(paths.config, "a") as f:
+        f.write(LOCAL_DIRECT if text.endswith("\n") else "\n" + LOCAL_DIRECT)
+
+
 def start(name: str, home: Path) -> None:
+    ensure_direct(name, home)
     result = run(["start", name], home)
     if result.returncode != 0:
         raise RuntimeError(f"`skyfn-endpoint start {name}` failed: {_last_line(result)} "

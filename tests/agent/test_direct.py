@@ -100,8 +100,8 @@ class Rig:
 class Sdk:
     """The SDK's end of a session: a CurveZMQ DEALER client of the direct socket."""
 
-    def __init__(self, ix: Interchange, ctx: zmq.Context):
-        info = ix.direct.info()
+    def __init__(self, ix: Interchange | None, ctx: zmq.Context, info: dict | None = None):
+        info = info or ix.direct.info()
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         pub, sec = zmq.curve_keypair()
@@ -397,3 +397,66 @@ def test_a_port_in_use_is_a_config_error(tmp_path):
     finally:
         taken.close(0)
         ctx.term()
+
+
+def test_a_real_agent_publishes_its_socket_with_the_first_heartbeat_and_keeps_the_key_secret(home, queues):
+    from infra.local.processes import free_port
+    from tests.agent.conftest import AgentProc
+    from tests.agent.test_link import FakeService
+
+    port = free_port()
+    svc = FakeService(port, queues)
+    svc.start()
+    agent = AgentProc(home, "direct-ep", {"workers": 1, "service_url": f"http://127.0.0.1:{port}", "token": "tok",
+                                          "heartbeat_period": 30, "receive_wait": 0.5,
+                                          "direct": {"listen": "127.0.0.1"}})
+    ctx = zmq.Context()
+    try:
+        agent.start()
+        deadline = time.monotonic() + 20
+        while not svc.requests:
+            assert time.monotonic() < deadline, agent.tail()
+            time.sleep(0.01)
+        registered = time.monotonic()
+        while not [hb for hb in svc.heartbeats() if "direct" in hb[3]]:
+            assert time.monotonic() < deadline, agent.tail()
+            time.sleep(0.01)
+        assert time.monotonic() - registered < 1.0  # sessions can open within a second of the start
+        # the heartbeater's first (the next is 30 s later); an earlier one reporting the allowlist
+        # before the interchange existed has none
+        info = [hb for hb in svc.heartbeats() if "direct" in hb[3]][0][3]["direct"]
+        assert info["address"].startswith("tcp://127.0.0.1:")
+        sdk = Sdk(None, ctx, info)
+        token, _ = dp.mint_token(info["session_key"], session_id="s-real", owner="alice", endpoint_id="ep",
+                                 functions={"f1": dp.body_digest(SQUARE)})
+        sdk.submit(token, _tasks("real", 2, args=lambda i: (i + 3,)), {"f1": SQUARE})
+        got = sdk.results(["real0", "real1"], timeout=30)
+        assert [deserialize(got[t]["result"]) for t in ("real0", "real1")] == [9, 16]
+        assert queues.collect(["real0", "real1"], timeout=10)["real0"][0]["session"] == "s-real"
+        sdk.close()
+        status = agent.wait_status(lambda st: (st.get("direct") or {}).get("tasks") == 2)
+        assert status["direct"]["address"] == info["address"]
+        assert agent.terminate() == 0
+        paths = home / "endpoints" / "direct-ep"
+        for f in paths.rglob("*"):
+            if f.is_file():
+                assert info["session_key"].encode() not in f.read_bytes(), f"the session key is in {f}"
+    finally:
+        agent.kill()
+        svc.stop()
+        ctx.term()
+
+
+def test_the_embedded_runtime_turns_direct_on_for_its_endpoint(tmp_path):
+    from endpoint_agent.config import load_config
+    from infra.local.agent import ensure_direct
+
+    config = tmp_path / "endpoints" / "local" / "config.yaml"
+    ensure_direct("local", tmp_path)  # no config yet: the template, with direct on
+    ensure_direct("local", tmp_path)  # once only
+    assert config.read_text().count("\ndirect:") == 1
+    on = load_config(config).direct
+    assert on is not None and on.listen == "127.0.0.1"
+    config.write_text("workers: 2\ndirect: null\n")  # an owner's choice is kept
+    ensure_direct("local", tmp_path)
+    assert load_config(config).direct is None
