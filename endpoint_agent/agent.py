@@ -372,6 +372,8 @@ class Agent:
         self._write_status()
         assert self.poller is not None
         self.poller.stop()
+        if ix.direct is not None:  # direct sessions end with this run; what they sent may finish
+            ix.direct.taking = False
         if self._grace_deadline is None:
             self._grace_deadline = time.monotonic() + self.config.grace_period
         while time.monotonic() < self._grace_deadline:

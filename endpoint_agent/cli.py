@@ -182,7 +182,7 @@ def _describe(paths: EndpointPaths) -> dict:
     if pid is not None and st.get("pid") == pid:
         for key in ("workers", "in_flight", "completed", "failed", "retried", "started", "updated", "manager_pid",
                     "worker_pids", "pending", "managers", "blocks", "containers", "cold_starts", "cancelled",
-                    "managers_lost", "interchange", "encrypted", "server_key", "scaling"):
+                    "managers_lost", "interchange", "encrypted", "server_key", "scaling", "direct"):
             out[key] = st.get(key)
         out["agent_state"] = st.get("state")
     return out
@@ -212,6 +212,10 @@ def status(name: str, as_json: bool = typer.Option(False, "--json", help="print 
                      + f" (up {up:.0f} s)"))
     if info.get("interchange"):
         rows.append(("interchange", info["interchange"] + (" (CurveZMQ)" if info.get("encrypted") else "")))
+    direct = info.get("direct")
+    if direct:
+        rows.append(("direct", f"{direct['address']} (CurveZMQ): {direct['packs']} packs, {direct['tasks']} tasks, "
+                               f"{direct['refused']} refused, {direct['dropped_results']} results undeliverable"))
     if info.get("pending") is not None:
         rows.append(("queue depth", f"{info['pending']} waiting for a worker"))
     if info.get("containers"):

@@ -10,7 +10,8 @@ A SUBMIT is checked before anything of it runs: the token (signature, endpoint, 
 verified once per token string, then cached until it expires), each task's function in
 the token, and every function body sent against the token's digest (a body verified once
 is kept by (function id, digest), so a later pack may leave it out). Anything wrong
-refuses the whole pack with one REFUSED frame. A good pack enters the intake like a
+refuses the whole pack with one REFUSED frame, as does a pack arriving while the agent
+stops (bad_token: the session ends with this agent's run). A good pack enters the intake like a
 polled one, with a DirectReceipt (ix_state.py) instead of a queue receipt and the
 token's user as owner: the agent's allowlist still applies there. Results come back
 through the ResultBatcher, which keeps them for `flush`, called at the end of each step:
@@ -75,6 +76,7 @@ class DirectServer:
         self.address = f"tcp://{settings.advertised_host()}:{self.port}"
         self.tokens: dict[str, tuple[float, dict[str, Any]]] = {}  # token -> (expiry, claims)
         self.bodies: dict[tuple[str, str], str] = {}  # (function id, digest) -> verified body
+        self.taking = True  # False while the agent stops: packs are refused
         self.packs = 0
         self.tasks = 0
         self.refused = 0
@@ -121,6 +123,9 @@ class DirectServer:
             if len(frames) != 2:
                 raise DirectRefused(REFUSE_BAD_PACK, f"a SUBMIT is [op, token, pack]: got {len(frames) + 1} frames")
             raw, task_ids = self._raw_pack(frames[1])
+            if not self.taking:
+                raise DirectRefused(REFUSE_BAD_TOKEN, "the agent is stopping: ask the service for a new session "
+                                                      "(after its restart)")
             claims = self.claims(frames[0])
             specs = self._specs(raw)
             bodies = self.check_functions(st, claims["fns"], specs, raw.get("functions") or {})

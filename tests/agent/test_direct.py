@@ -307,6 +307,14 @@ def test_malformed_packs_are_refused(rig, sdk):
     _nothing_ran(rig, ["m1"])
 
 
+def test_packs_are_refused_while_the_agent_stops(rig, sdk):
+    rig.on_loop(lambda: setattr(rig.ix.direct, "taking", False))  # what Agent._drain does
+    sdk.submit(_token(rig), _tasks("stopping", 2), {"f1": SQUARE})
+    ref = sdk.refusal()
+    assert ref["code"] == dp.REFUSE_BAD_TOKEN and "stopping" in ref["reason"] and len(ref["task_ids"]) == 2
+    _nothing_ran(rig, ["stopping0", "stopping1"])
+
+
 def test_ping_pong(rig, sdk):
     sdk.sock.send_multipart([dp.PING])
     op, body = sdk.recv()
