@@ -313,7 +313,9 @@ class Executor(_BaseExecutor):
         d = self._direct
         if d is None:
             return {}
-        return dict(d.stats, active=d.usable and d.why_not is None, why_not=d.why_not)
+        counts = dict.fromkeys(("sessions", "session_failures", "packs", "tasks", "results", "refused", "lost",
+                                "to_service"), 0)
+        return dict(counts, **d.stats, active=d.usable and d.why_not is None, why_not=d.why_not)
 
     # -- caller side ----------------------------------------------------------------
     def _function_id(self, fn: Union[Callable[..., Any], str]) -> str:
