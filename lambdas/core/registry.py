@@ -201,7 +201,11 @@ def heartbeat(owner: str, endpoint_id: str, stats: dict[str, Any], agent_endpoin
     """From the endpoint's agent (its credential: `agent_endpoint`) or a user with 'manage'.
     `allowed`: the agent's allowlist as it stands (None: any function; ...: not reported).
     `direct`: the agent's direct channel (lambdas/core/direct_info.py), published or, when
-    None, withdrawn by the agent's own heartbeats only; a user's heartbeat leaves it alone."""
+    None, withdrawn by the agent's own heartbeats. An agent that signs in as its owner
+    (Cognito or Globus deployments) publishes with the owner's token, so the owner's
+    heartbeat publishes too, but never withdraws: only the agent knows it has none. Anyone
+    else the endpoint is shared with leaves it alone (they could point sessions at
+    their own socket)."""
     rec = _endpoint_record(endpoint_id)
     if rec is None:
         raise NotFound(f"endpoint {endpoint_id} not found: list yours with Client.list_endpoints()")
@@ -216,7 +220,7 @@ def heartbeat(owner: str, endpoint_id: str, stats: dict[str, Any], agent_endpoin
                        f"endpoint {endpoint_id} (list yours with Client.list_endpoints())")
     pipe = deps.redis_client().pipeline(transaction=False)
     pipe.hset(f"ep:{endpoint_id}", mapping={"hb": f"{time.time():.6f}", "st": "online", "stats": orjson.dumps(stats)})
-    if agent_endpoint is not None:
+    if agent_endpoint is not None or (direct is not None and owner == rec["o"]):
         direct_info.publish(pipe, endpoint_id, direct)
     pipe.execute()
     if allowed is not ...:

@@ -67,18 +67,23 @@ def submit(api, ep: str, fid: str):
 
 
 # --- the published channel ------------------------------------------------------------
-def test_only_the_agents_heartbeat_publishes_the_channel_and_it_lives_three_timeouts(api, world):
+def test_only_the_agent_and_its_owner_publish_the_channel_and_it_lives_three_timeouts(api, other_api, world):
     ep = world["ep"]
-    # the owner's own heartbeat carrying a channel stores nothing
-    assert api.call("POST", f"/endpoints/{ep}/heartbeat", {"stats": {}, "direct": channel()})[0] == 200
+    # someone the endpoint is shared with (even to manage it) cannot point sessions elsewhere
+    assert api.call("POST", f"/shares/endpoints/{ep}", {"principal": "user:mallory", "role": "manage"})[0] == 200
+    assert other_api.call("POST", f"/endpoints/{ep}/heartbeat", {"stats": {}, "direct": channel()})[0] == 200
     assert stored_channel(ep) is None
+    # the owner's heartbeat publishes (an agent signed in as its owner, as with Cognito)
+    owners = channel(7)
+    assert api.call("POST", f"/endpoints/{ep}/heartbeat", {"stats": {}, "direct": owners})[0] == 200
+    assert stored_channel(ep) == owners
     mine = channel()
     publish(world, mine)
     assert stored_channel(ep) == mine
     ttl = deps.redis_client().ttl(f"epdirect:{ep}")
     assert 80 < ttl <= 90  # 3 x SKYFN_HEARTBEAT_TIMEOUT (30 s)
-    # a user's heartbeat neither replaces nor withdraws the agent's
-    assert api.call("POST", f"/endpoints/{ep}/heartbeat", {"stats": {}, "direct": channel(9)})[0] == 200
+    # a grantee's heartbeat neither replaces nor withdraws it; the owner's without one keeps it
+    assert other_api.call("POST", f"/endpoints/{ep}/heartbeat", {"stats": {}, "direct": channel(9)})[0] == 200
     assert api.call("POST", f"/endpoints/{ep}/heartbeat", {"stats": {}})[0] == 200
     assert stored_channel(ep) == mine
     # each agent heartbeat renews it; one without it withdraws it
