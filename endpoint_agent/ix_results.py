@@ -29,6 +29,7 @@ from skyfn.protocol.states import now
 
 UPDATES_PER_BODY = 2000  # ~200 KB of TaskUpdates per result message at most
 RUNNING_UPDATE = "RUNNING"
+SDK_RESULT = "_sdk_result"  # a direct task's result as the SDK gets it, when the service gets a reference
 
 
 class ResultBatcher:
@@ -52,11 +53,13 @@ class ResultBatcher:
             rec = {"task_id": t[T_ID], "state": state,
                    "events": [["DISPATCHED", t[T_RECV]], ["RUNNING", start], ["DONE", done]]}
             if result is not None:
-                stored, result = blob_results.offload(st.result_upload, t[T_ID], result)
+                stored, kept = blob_results.offload(st.result_upload, t[T_ID], result)
                 if stored:
-                    rec["result"] = result
+                    rec["result"] = kept
+                    if kept is not result and st.direct_packs and t[T_PACK] in st.direct_packs:
+                        rec[SDK_RESULT] = result  # the SDK gets it inline, the service by reference
                 else:
-                    rec.update(state="FAILED", reason=result)
+                    rec.update(state="FAILED", reason=kept)
             if error is not None:
                 rec["error"] = error
             if out is not None:
@@ -97,11 +100,13 @@ class ResultBatcher:
             if d is not None:  # back to the SDK at the end of the step (direct.py), and recorded by the service
                 rec["session"] = d.session
                 rec["function_id"] = d.functions.get(rec["task_id"])
+                inline = rec.pop(SDK_RESULT, None)
+                reply = rec if inline is None else dict(rec, result=inline)
                 replies = st.direct_replies.get(d.identity)
                 if replies is None:
-                    st.direct_replies[d.identity] = [rec]
+                    st.direct_replies[d.identity] = [reply]
                 else:
-                    replies.append(rec)
+                    replies.append(reply)
         self.results.append(rec)
         self.results_bytes += 160 + len(rec.get("result") or "") + len(rec.get("error") or "") + \
             len(rec.get("stdout") or "") + len(rec.get("stderr") or "")

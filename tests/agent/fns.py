@@ -41,3 +41,7 @@ def chatty(x, n_out=10, n_err=5):
 def gpu_env(x, sleep=0.0):
     time.sleep(sleep)
     return [x, os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("OMP_NUM_THREADS"), os.getpid()]
+
+
+def big(n):
+    return "r" * n

@@ -468,3 +468,29 @@ def test_the_embedded_runtime_turns_direct_on_for_its_endpoint(tmp_path):
     config.write_text("workers: 2\ndirect: null\n")  # an owner's choice is kept
     ensure_direct("local", tmp_path)
     assert load_config(config).direct is None
+
+
+def test_a_large_result_goes_inline_to_the_sdk_and_by_reference_to_the_service(rig, sdk, aws_endpoint, unique):
+    import boto3
+
+    from skyfn.data.connectors.s3 import S3Connector
+    from skyfn.protocol import blobs
+
+    bucket = f"results-{unique}"
+    boto3.client("s3", endpoint_url=aws_endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
+    s3 = S3Connector(bucket, prefix="", endpoint_url=aws_endpoint)
+    form = dict(s3.presign_prefix_upload("results/ep/", blobs.MAX_BLOB_BYTES, 600), prefix="results/ep/")
+
+    def give_form():  # as a polled pack's result_upload would
+        rig.ix.result_upload = form
+    rig.on_loop(give_form)
+    body = serialize_function(fns.big)
+    n = blobs.INLINE_BYTES + 1000
+    sdk.submit(_token(rig, {"b": dp.body_digest(body)}),
+               [TaskSpec(task_id="large", function_id="b", payload=pack_args((n,), {}))], {"b": body})
+    got = sdk.results(["large"])["large"]
+    assert got["state"] == "SUCCEEDED" and deserialize(got["result"]) == "r" * n
+    [rec] = rig.queues.collect(["large"], timeout=10)["large"]
+    assert rec["result"] == blobs.make_ref("results/ep/large") and rec["session"] == "sess-1"
+    assert "_sdk_result" not in rec
+    assert deserialize(s3.get("results/ep/large").decode()) == "r" * n
