@@ -31,8 +31,9 @@ from pydantic import TypeAdapter, ValidationError
 
 from endpoint_agent.config import ConfigError, DirectConfig
 from endpoint_agent.ix_state import DirectReceipt, IxState
+from endpoint_agent.task_record import T_ID
 from skyfn.protocol.direct import (
-    PING, PONG, REFUSE_BAD_PACK, REFUSE_BAD_TOKEN, REFUSE_EXPIRED, REFUSE_FUNCTION, REFUSED, RESULTS, SUBMIT, DirectInfo,
+    MAX_ASKED, PING, PONG, REFUSE_BAD_PACK, REFUSE_BAD_TOKEN, REFUSE_EXPIRED, REFUSE_FUNCTION, REFUSED, RESULTS, SUBMIT, DirectInfo,
     DirectRefused, body_digest, new_session_key, verify_token,
 )
 from skyfn.protocol.messages import TaskPack, TaskSpec
@@ -56,6 +57,7 @@ class DirectServer:
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unknown identity raises (counted) rather than vanishing
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)   # an SDK that reconnects under its identity takes it over
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         public, secret = keys
         sock.curve_server = True
@@ -111,7 +113,7 @@ class DirectServer:
                 if entry is not None:
                     entries.append(entry)
             elif op == PING:
-                self.send(identity, [PONG, orjson.dumps({"started": self.started, "load": st.load()})], 0)
+                self.pong(st, identity, frames[2] if len(frames) > 2 else b"", entries)
             else:
                 self.refuse(identity, [], REFUSE_BAD_PACK, f"unknown op code {op[:8]!r}")
         return entries
@@ -232,6 +234,26 @@ class DirectServer:
             del self.bodies[next(iter(self.bodies))]
         self.bodies[key] = body
         return True
+
+    def pong(self, st: IxState, identity: bytes, asked_frame: bytes, entries: list) -> None:
+        """PONG {started, load, unknown}: `unknown` are the asked task ids (a PING may carry
+        a JSON list, MAX_ASKED at most) this agent does not hold -- not pending, running,
+        received this step or with a reply about to go. The SDK settles those through the
+        service: their reply was lost (an SDK reconnected), or they never arrived."""
+        unknown: list[str] = []
+        if asked_frame:
+            try:
+                asked = orjson.loads(asked_frame)
+            except orjson.JSONDecodeError:
+                asked = None
+            if isinstance(asked, list) and asked:
+                held = {t[T_ID] for t in st.tasks.values()}
+                for receipt, _, _ in entries:
+                    held.update(receipt.functions)
+                for recs in st.direct_replies.values():
+                    held.update(r["task_id"] for r in recs)
+                unknown = [tid for tid in asked[:MAX_ASKED] if isinstance(tid, str) and tid not in held]
+        self.send(identity, [PONG, orjson.dumps({"started": self.started, "load": st.load(), "unknown": unknown})], 0)
 
     # --- out --------------------------------------------------------------------------
     def refuse(self, identity: bytes, task_ids: list[str], code: str, reason: str) -> None:

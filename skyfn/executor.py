@@ -314,7 +314,7 @@ class Executor(_BaseExecutor):
         if d is None:
             return {}
         counts = dict.fromkeys(("sessions", "session_failures", "packs", "tasks", "results", "refused", "lost",
-                                "to_service"), 0)
+                                "settled", "to_service"), 0)
         return dict(counts, **d.stats, active=d.usable and d.why_not is None, why_not=d.why_not)
 
     # -- caller side ----------------------------------------------------------------

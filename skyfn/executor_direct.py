@@ -18,6 +18,9 @@ concerned go through the service instead (at least once, as for every skyfn task
   pyzmq is missing here): every task goes through the service; ``why_not`` says why;
 * the agent refuses a pack: a stale or expired token gets a new session and one resend,
   anything else (a function it will not run) goes through the service, which reports it;
+* the agent no longer holds a task whose result never came (the reply was lost while the
+  connection was down): the service's record settles it, or, if the service has none
+  after ``RESUBMIT_AFTER_S``, it goes through the service;
 * the agent falls silent (pings unanswered for ``timeout`` seconds) or restarted (its
   start time changed): every task in flight is resubmitted through the service, and a
   new session is tried ``RETRY_AFTER_S`` later.
@@ -27,6 +30,7 @@ A future resolves once: a task leaves the pending map exactly once, under its lo
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import os
 import select
@@ -37,7 +41,9 @@ from typing import TYPE_CHECKING, Optional
 
 import orjson
 
+from skyfn.client import FINAL
 from skyfn.http import SkyfnAPIError
+from skyfn.protocol.limits import MAX_STATUS_IDS
 from skyfn.protocol import direct as proto
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,6 +54,8 @@ log = logging.getLogger("skyfn.executor.direct")
 PING_EVERY_S = 1.0
 RETRY_AFTER_S = 5.0
 RENEW_BEFORE_S = 60.0  # a token this close to its expiry is renewed before use
+SETTLE_AFTER_S = 1.0   # a task the agent no longer holds is looked up at the service after this
+RESUBMIT_AFTER_S = 5.0  # ... and resubmitted if the service still has no record of it after this
 _IDLE_WAIT_S = 1.0
 
 
@@ -74,6 +82,9 @@ class DirectChannel(threading.Thread):
         self._agent_started: Optional[float] = None
         self._last_heard = 0.0
         self._last_ping = 0.0
+        self._identity = uuid.uuid4().bytes
+        self._drop = False  # drop_connection() asked for: done on this thread, which owns the socket
+        self._suspects: dict[str, float] = {}  # pending task id -> when the agent said it does not hold it
         try:
             import zmq  # noqa: F401 - the endpoint extra (pip install 'skyfn[direct]')
         except ImportError:
@@ -103,6 +114,12 @@ class DirectChannel(threading.Thread):
         self._wake()
         if wait and self.is_alive():
             self.join()
+
+    def drop_connection(self) -> None:
+        """Drop the connection and make a new one under a new identity, as a client that lost
+        its network and came back would: replies sent meanwhile are lost (fault tests)."""
+        self._drop = True
+        self._wake()
 
     def _wake(self) -> None:
         if self._wake_w < 0:
@@ -142,7 +159,12 @@ class DirectChannel(threading.Thread):
                     pass
             except (BlockingIOError, OSError):
                 pass
-            if readable:
+            if self._drop:
+                self._drop = False
+                if self._session is not None:
+                    self._identity = uuid.uuid4().bytes
+                    self._connect(zmq, self._session["address"], self._session["server_key"])
+            if readable and self._sock is not None:
                 self._receive(zmq)
             if self._incoming:
                 self._send_incoming(zmq)
@@ -171,6 +193,8 @@ class DirectChannel(threading.Thread):
         batch = self.ex.batch_size
         token = self._session["token"].encode()
         with self._lock:
+            if not self._pending:  # silence counts from the first task waited for
+                self._last_heard = time.monotonic()
             for tid, fut, fid, payload, resends in tasks:
                 self._pending[tid] = (fut, fid, payload, resends)
                 fut.task_id = tid
@@ -194,8 +218,6 @@ class DirectChannel(threading.Thread):
                 return
             self.stats["packs"] += 1
             self.stats["tasks"] += len(specs)
-        if not self._last_heard:
-            self._last_heard = time.monotonic()
 
     def _ensure_session(self, fids: set[str], renew: bool = False) -> bool:
         """A session whose token covers `fids` and is not about to expire; False (and the
@@ -240,6 +262,8 @@ class DirectChannel(threading.Thread):
             self._ctx = zmq.Context()
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        # one identity per session: after a reconnect the agent's replies still find us
+        sock.setsockopt(zmq.ROUTING_ID, self._identity)
         sock.setsockopt(zmq.SNDTIMEO, int(self.timeout * 1000))
         sock.setsockopt(zmq.SNDHWM, 0)
         public, secret = zmq.curve_keypair()
@@ -252,7 +276,7 @@ class DirectChannel(threading.Thread):
         self._poller.register(sock, zmq.POLLIN)
         self._poller.register(self._wake_r, zmq.POLLIN)
         self._agent_started = None
-        self._last_heard = 0.0
+        self._last_heard = time.monotonic()  # silence counts from the connection
 
     def _disconnect(self) -> None:
         if self._sock is not None:
@@ -275,12 +299,17 @@ class DirectChannel(threading.Thread):
             if op == proto.RESULTS:
                 self._resolve(orjson.loads(frames[1]))
             elif op == proto.PONG:
-                started = orjson.loads(frames[1]).get("started")
+                info = orjson.loads(frames[1])
+                started = info.get("started")
                 if self._agent_started is not None and started != self._agent_started:
                     self._agent_started = started
                     self._lost("the agent restarted")
                     return
                 self._agent_started = started
+                now = time.monotonic()
+                for tid in info.get("unknown") or ():
+                    if tid in self._pending:
+                        self._suspects.setdefault(tid, now)
             elif op == proto.REFUSED:
                 self._refused(zmq, orjson.loads(frames[1]))
             sock = self._sock
@@ -319,16 +348,55 @@ class DirectChannel(threading.Thread):
             self._lost(f"the agent did not answer for {self.timeout:g} s")
         elif now - self._last_heard > PING_EVERY_S and now - self._last_ping > PING_EVERY_S:
             self._last_ping = now
+            with self._lock:  # the oldest tasks still waited for: the agent says which it no longer holds
+                asked = list(itertools.islice(self._pending, proto.MAX_ASKED))
             try:
-                self._sock.send_multipart([proto.PING], zmq.NOBLOCK)
+                self._sock.send_multipart([proto.PING, orjson.dumps(asked)], zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
+        if self._suspects:
+            self._settle(now)
+
+    def _settle(self, now: float) -> None:
+        """Tasks the agent no longer holds but whose result never came (its reply was lost):
+        resolved from the service's record, or, when the service has none past a grace
+        period (they never reached the agent), submitted through the service."""
+        due = [tid for tid, since in self._suspects.items() if now - since >= SETTLE_AFTER_S]
+        if not due:
+            return
+        for tid in list(self._suspects):
+            if tid not in self._pending:
+                del self._suspects[tid]
+        due = [tid for tid in due if tid in self._pending]
+        try:
+            answer = self.ex.client.status(due[:MAX_STATUS_IDS], wait=0)
+        except Exception as exc:  # noqa: BLE001 - tried again at the next check
+            log.warning("could not settle %d direct task(s) through the service: %s", len(due), exc)
+            return
+        found = {tid: st for tid, st in (answer.get("tasks") or {}).items() if st.get("state") in FINAL}
+        done, gone = [], []
+        with self._lock:
+            for tid in due[:MAX_STATUS_IDS]:
+                if tid in found:
+                    done.append((self._pending.pop(tid)[0], tid, found[tid]))
+                    del self._suspects[tid]
+                elif now - self._suspects[tid] >= RESUBMIT_AFTER_S:
+                    fut, fid, payload, _ = self._pending.pop(tid)
+                    gone.append((fut, fid, payload))
+                    del self._suspects[tid]
+        self.stats["settled"] += len(done)
+        self.stats["results"] += len(done)
+        self.ex._resolve(done, [])
+        if gone:
+            log.warning("%d direct task(s) never reached the agent; they go through the service", len(gone))
+            self._to_service(gone, "never reached the agent")
 
     def _lost(self, why: str) -> None:
         """The agent is gone (or lost our tasks): everything in flight goes through the service."""
         self.stats["lost"] += 1
         log.warning("direct session lost: %s; %d task(s) in flight go through the service", why, len(self._pending))
         self._session = None
+        self._suspects.clear()
         self._disconnect()
         self._retry_at = time.monotonic() + RETRY_AFTER_S
         with self._lock:

@@ -26,10 +26,15 @@ may run what and still keeps the record:
 Frames are multipart ZeroMQ messages whose first frame is an op code:
 
     SDK -> agent   [SUBMIT, token, pack]    pack: JSON {"tasks": [TaskSpec], "functions": {id: body}}
-                   [PING]
+                   [PING, asked]           asked (optional): JSON [task id] the SDK still waits for
     agent -> SDK   [RESULTS, results]       results: JSON [TaskResult] (task_id, state, result, ...)
                    [REFUSED, refusal]       refusal: JSON {"task_ids": [...], "reason": str, "code": str}
-                   [PONG, info]             info: JSON {"started": agent start time, "load": tasks held}
+                   [PONG, info]             info: JSON {"started": agent start time, "load": tasks held,
+                                                        "unknown": [asked ids the agent does not hold]}
+
+A task the agent no longer holds yet the SDK still waits for lost its reply (the SDK's
+connection dropped while it was sent) or never arrived; the SDK settles it through the
+service, which has its record or, past a grace period, takes it as a new submission.
 
 Refusal codes: `bad_token` (malformed or not signed by this agent's current key: the
 agent restarted, ask the service for a new session), `expired`, `wrong_endpoint`,
@@ -57,6 +62,7 @@ PONG = b"O"
 SESSION_KEY_BYTES = 32
 DEFAULT_SESSION_TTL_S = 900.0
 MAX_SESSION_FUNCTIONS = 256
+MAX_ASKED = 1000  # task ids a PING may ask about
 
 REFUSE_BAD_TOKEN = "bad_token"
 REFUSE_EXPIRED = "expired"

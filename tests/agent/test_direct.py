@@ -322,6 +322,27 @@ def test_ping_pong(rig, sdk):
     assert op == dp.PONG and info["load"] == 0 and info["started"] <= time.time()
 
 
+def test_a_ping_names_the_asked_tasks_the_agent_does_not_hold(rig, sdk):
+    slow = _token(rig, {"s": dp.body_digest(SLOW), "f1": dp.body_digest(SQUARE)})
+    sdk.submit(slow, [TaskSpec(task_id="running", function_id="s", payload=pack_args((1, 1.5), {}))], {"s": SLOW})
+    sdk.submit(slow, [TaskSpec(task_id="quick", function_id="f1", payload=pack_args((3,), {}))], {"f1": SQUARE})
+    assert deserialize(sdk.results(["quick"])["quick"]["result"]) == 9
+    # in one message: a pack and then a PING asking about it, the running task, a finished
+    # one and one never sent -- the agent holds the first two only
+    sdk.submit(slow, [TaskSpec(task_id="same-step", function_id="s", payload=pack_args((2, 0.5), {}))], {})
+    sdk.sock.send_multipart([dp.PING, orjson.dumps(["same-step", "running", "quick", "never-sent", 7])])
+    while True:
+        op, body = sdk.recv()
+        if op == dp.PONG:
+            break
+    info = orjson.loads(body)
+    assert info["unknown"] == ["quick", "never-sent"]
+    sdk.sock.send_multipart([dp.PING, b"not json"])  # a bad list asks nothing
+    op, body = sdk.recv()
+    assert op == dp.PONG and orjson.loads(body)["unknown"] == []
+    assert set(sdk.results(["running", "same-step"])) == {"running", "same-step"}
+
+
 def test_a_client_gone_mid_batch_stalls_nothing(rig, sdk):
     token, _ = dp.mint_token(rig.ix.direct.session_key, session_id="s2", owner="bob", endpoint_id="ep",
                              functions={"s": dp.body_digest(SLOW)}, ttl=60)

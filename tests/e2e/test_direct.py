@@ -112,6 +112,27 @@ def test_sessions_are_refused_without_a_token_and_for_unknown_functions(local_ho
     assert err.value.status == 404
 
 
+def sleepy(x):
+    import time as _t
+
+    _t.sleep(1.0)
+    return x + 1
+
+
+def test_a_reply_lost_while_the_connection_was_down_is_settled_from_the_service(client, endpoint_id):
+    with Executor(endpoint_id=endpoint_id, client=client, direct=True) as ex:
+        assert ex.submit(square, 2).result(timeout=60) == 4  # session open, connected
+        fut = ex.submit(sleepy, 41)
+        deadline = time.monotonic() + 10
+        while ex.direct_stats["tasks"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        ex._direct.drop_connection()  # a new identity: the agent's reply goes to the one gone
+        assert fut.result(timeout=60) == 42
+        stats = ex.direct_stats
+    assert stats["settled"] == 1 and stats["to_service"] == 0 and stats["lost"] == 0, stats
+
+
 def _agent_family(home) -> list[int]:
     pid = int(agent.pidfile(home, "local").read_text().split()[0])
     return [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
@@ -143,3 +164,12 @@ def test_agent_killed_mid_batch_loses_nothing(local_home, client, endpoint_id):
     for chunk in range(0, n, 500):
         states += [t["state"] for t in client.status(ids[chunk:chunk + 500])["tasks"].values()]
     assert set(states) == {"SUCCEEDED"} and len(states) >= stats["to_service"]
+
+
+def test_an_idle_session_is_not_taken_for_a_lost_agent(client, endpoint_id):
+    with Executor(endpoint_id=endpoint_id, client=client, direct=True, direct_timeout=0.5) as ex:
+        assert ex.submit(square, 3).result(timeout=60) == 9
+        time.sleep(1.5)  # idle for longer than direct_timeout
+        assert ex.submit(square, 4).result(timeout=60) == 16
+        stats = ex.direct_stats
+    assert stats["lost"] == 0 and stats["to_service"] == 0 and stats["results"] == 2, stats
