@@ -173,3 +173,17 @@ def test_an_idle_session_is_not_taken_for_a_lost_agent(client, endpoint_id):
         assert ex.submit(square, 4).result(timeout=60) == 16
         stats = ex.direct_stats
     assert stats["lost"] == 0 and stats["to_service"] == 0 and stats["results"] == 2, stats
+
+
+def test_a_refused_token_gets_a_new_session_and_one_resend(client, endpoint_id):
+    from skyfn.protocol.direct import mint_token, new_session_key
+
+    with Executor(endpoint_id=endpoint_id, client=client, direct=True) as ex:
+        assert ex.submit(square, 5).result(timeout=60) == 25
+        session = ex._direct._session
+        # a token the agent cannot verify, as after its restart on the same port
+        session["token"], _ = mint_token(new_session_key(), session_id=session["session_id"], owner="x",
+                                         endpoint_id=endpoint_id, functions={})
+        assert [f.result(timeout=60) for f in [ex.submit(square, i) for i in range(5)]] == [0, 1, 4, 9, 16]
+        stats = ex.direct_stats
+    assert stats["refused"] == 5 and stats["sessions"] >= 2 and stats["to_service"] == 0 and stats["results"] == 6
