@@ -236,7 +236,7 @@ class DirectServer:
         return True
 
     def pong(self, st: IxState, identity: bytes, asked_frame: bytes, entries: list) -> None:
-        """PONG {started, load, unknown}: `unknown` are the asked task ids (a PING may carry
+        """PONG {started, load, capacity, unknown}: `unknown` are the asked task ids (a PING may carry
         a JSON list, MAX_ASKED at most) this agent does not hold -- not pending, running,
         received this step or with a reply about to go. The SDK settles those through the
         service: their reply was lost (an SDK reconnected), or they never arrived."""
@@ -253,7 +253,8 @@ class DirectServer:
                 for recs in st.direct_replies.values():
                     held.update(r["task_id"] for r in recs)
                 unknown = [tid for tid in asked[:MAX_ASKED] if isinstance(tid, str) and tid not in held]
-        self.send(identity, [PONG, orjson.dumps({"started": self.started, "load": st.load(), "unknown": unknown})], 0)
+        self.send(identity, [PONG, orjson.dumps({"started": self.started, "load": st.load(),
+                                                 "capacity": st.capacity(), "unknown": unknown})], 0)
 
     # --- out --------------------------------------------------------------------------
     def refuse(self, identity: bytes, task_ids: list[str], code: str, reason: str) -> None:

@@ -56,6 +56,7 @@ RETRY_AFTER_S = 5.0
 RENEW_BEFORE_S = 60.0  # a token this close to its expiry is renewed before use
 SETTLE_AFTER_S = 1.0   # a task the agent no longer holds is looked up at the service after this
 RESUBMIT_AFTER_S = 5.0  # ... and resubmitted if the service still has no record of it after this
+MIN_WINDOW = 2000  # tasks of this executor the agent may hold at once, at least (PONG's capacity x 2)
 _IDLE_WAIT_S = 1.0
 
 
@@ -84,6 +85,7 @@ class DirectChannel(threading.Thread):
         self._last_ping = 0.0
         self._identity = uuid.uuid4().bytes
         self._drop = False  # drop_connection() asked for: done on this thread, which owns the socket
+        self._window = MIN_WINDOW
         self._suspects: dict[str, float] = {}  # pending task id -> when the agent said it does not hold it
         try:
             import zmq  # noqa: F401 - the endpoint extra (pip install 'skyfn[direct]')
@@ -175,17 +177,29 @@ class DirectChannel(threading.Thread):
 
     # -- sending ----------------------------------------------------------------------
     def _send_incoming(self, zmq) -> None:
-        items = []
-        while self._incoming:
-            items.append(self._incoming.popleft())
+        """Send what callers handed over, within the window: the agent holds at most
+        `_window` of this executor's tasks (twice its capacity), the rest wait here, so a
+        million-task map does not land in the agent's memory at once."""
+        if self.why_not is not None or time.monotonic() < self._retry_at:
+            self._to_service(self._drain_incoming(), self.why_not or "no direct session")
+            return
+        n, free = len(self._incoming), self._window - len(self._pending)
+        if self._pending and free < min(n, self.ex.batch_size // 4):
+            return  # wait for room: packs of a useful size, not a trickle
+        items = [self._incoming.popleft() for _ in range(min(n, free))]
         live = [it for it in items if not it[0].cancelled()]
         if not live:
             return
-        if self.why_not is not None or time.monotonic() < self._retry_at or not self._ensure_session(
-                {it[1] for it in live}):
-            self._to_service(live, self.why_not or "no direct session")
+        if not self._ensure_session({it[1] for it in live}):
+            self._to_service(live + self._drain_incoming(), self.why_not or "no direct session")
             return
         self._send(zmq, [(str(uuid.uuid4()), fut, fid, payload, 0) for fut, fid, payload in live])
+
+    def _drain_incoming(self) -> list[tuple]:
+        items = []
+        while self._incoming:
+            items.append(self._incoming.popleft())
+        return items
 
     def _send(self, zmq, tasks: list[tuple]) -> None:
         """Send (task id, future, function id, payload, resends) in packs; each task is pending from now on."""
@@ -277,6 +291,7 @@ class DirectChannel(threading.Thread):
         self._poller.register(self._wake_r, zmq.POLLIN)
         self._agent_started = None
         self._last_heard = time.monotonic()  # silence counts from the connection
+        sock.send_multipart([proto.PING])  # the PONG tells the agent's capacity: the window
 
     def _disconnect(self) -> None:
         if self._sock is not None:
@@ -306,6 +321,7 @@ class DirectChannel(threading.Thread):
                     self._lost("the agent restarted")
                     return
                 self._agent_started = started
+                self._window = max(MIN_WINDOW, 2 * int(info.get("capacity") or 0))
                 now = time.monotonic()
                 for tid in info.get("unknown") or ():
                     if tid in self._pending:

@@ -30,7 +30,11 @@ Frames are multipart ZeroMQ messages whose first frame is an op code:
     agent -> SDK   [RESULTS, results]       results: JSON [TaskResult] (task_id, state, result, ...)
                    [REFUSED, refusal]       refusal: JSON {"task_ids": [...], "reason": str, "code": str}
                    [PONG, info]             info: JSON {"started": agent start time, "load": tasks held,
+                                                        "capacity": tasks it takes at once,
                                                         "unknown": [asked ids the agent does not hold]}
+
+The SDK keeps at most twice the agent's capacity (at least MIN_WINDOW) of its tasks at the
+agent and holds the rest, so a long map does not land in the agent's memory at once.
 
 A task the agent no longer holds yet the SDK still waits for lost its reply (the SDK's
 connection dropped while it was sent) or never arrived; the SDK settles it through the

@@ -320,6 +320,7 @@ def test_ping_pong(rig, sdk):
     op, body = sdk.recv()
     info = orjson.loads(body)
     assert op == dp.PONG and info["load"] == 0 and info["started"] <= time.time()
+    assert info["capacity"] == rig.ix.capacity() >= 2 and info["unknown"] == []
 
 
 def test_a_ping_names_the_asked_tasks_the_agent_does_not_hold(rig, sdk):
