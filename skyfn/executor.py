@@ -18,7 +18,8 @@ Threading model
        long-polling POST /tasks/status for all outstanding task ids with ``wait`` (the
        service answers as soon as any is final); futures resolve as results arrive.
   It never sleeps between polls (the server's long poll paces it); it backs off only
-  after errors. The progress bar, if any, is driven from this thread only.
+  after errors. The progress bar, if any, is driven from this thread only (from the
+  direct channel's thread instead, when the executor has one).
 * With ``direct=True`` a second thread (``skyfn-direct``, skyfn/executor_direct.py) takes
   the submissions instead: it sends them to the endpoint's agent in a direct session the
   service authorized, and resolves futures from the agent's answers. What it cannot run
@@ -201,13 +202,14 @@ class Executor(_BaseExecutor):
             direct = os.environ.get("SKYFN_EXECUTOR_DIRECT", "0") == "1"
         if direct:
             self.direct_why_not = ("an endpoint group's policy places tasks at the service" if group else
-                                   "memoized calls are answered from the service's cache" if memoize else
-                                   "progress bars follow the service path" if progress else None)
+                                   "memoized calls are answered from the service's cache" if memoize else None)
             if self.direct_why_not is None:
                 from skyfn.executor_direct import DirectChannel
 
                 self._direct = DirectChannel(self, self.endpoint_id, direct_timeout)
                 self.direct_why_not = self._direct.why_not
+                if self.direct_why_not is not None:  # pyzmq missing: the service path, as without direct
+                    self._direct = None
 
     # -- public API -----------------------------------------------------------------
     def submit(self, fn: Union[Callable[..., Any], str], /, *args: Any, **kwargs: Any) -> SkyfnFuture:
@@ -418,7 +420,8 @@ class Executor(_BaseExecutor):
                             break
                         if self._pushed is not None and self._pushed.connected and not self._shutdown:
                             break  # wait on the push socket (it closes itself when idle)
-                        self._update_bar(idle=True)
+                        if self._direct is None:
+                            self._update_bar(idle=True)
                         if self._shutdown:
                             return
                         if not self._cv.wait(_IDLE_EXIT) and not (self._queue or self._outstanding or self._to_cancel):
@@ -434,14 +437,16 @@ class Executor(_BaseExecutor):
                     self._pushed.wait(self._wake_r)
                 elif self._outstanding:
                     self._poll()
-                self._update_bar()
+                if self._direct is None:
+                    self._update_bar()
         except BaseException as exc:  # never leave futures hanging
             log.exception("skyfn executor thread failed")
             self._fail_everything(exc)
         finally:
             if self._pushed is not None:
                 self._pushed.close()
-            self._close_bar()
+            if self._direct is None:
+                self._close_bar()
 
     def _send_batch(self, batch: list[tuple[SkyfnFuture, str, str]]) -> None:
         if self._pushed is not None and not self._pushed.connected:
@@ -580,9 +585,9 @@ class Executor(_BaseExecutor):
         for fut in futs:
             _set_exception(fut, err)
 
-    # -- progress bar (background thread only) ---------------------------------------
-    def _open_bar(self) -> None:
-        if not self._progress:
+    # -- progress bar (one thread only: the direct channel's when there is one, else this one)
+    def _open_bar(self, owner: str = "executor") -> None:
+        if not self._progress or owner != ("direct" if self._direct is not None else "executor"):
             return
         from tqdm.auto import tqdm
 
@@ -597,6 +602,8 @@ class Executor(_BaseExecutor):
             return
         total = self._n_submitted
         done = total - len(self._queue) - len(self._inflight) - len(self._outstanding)
+        if self._direct is not None:
+            done -= self._direct.pending()
         if bar.total != total:
             bar.total = total
         if done != bar.n:

@@ -134,12 +134,14 @@ class DirectChannel(threading.Thread):
     # -- the thread -------------------------------------------------------------------
     def run(self) -> None:
         try:
+            self.ex._open_bar("direct")
             self._loop()
         except BaseException as exc:  # never leave futures hanging: the service path takes them
             log.exception("skyfn direct channel failed; its tasks go through the service")
             self.why_not = f"the direct channel failed: {exc!r}"
             self._to_service(self._take_all(), "the direct channel failed")
         finally:
+            self.ex._close_bar()
             self._disconnect()
             fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
             for fd in fds:
@@ -172,6 +174,7 @@ class DirectChannel(threading.Thread):
                 self._send_incoming(zmq)
             if self._pending:
                 self._check_alive(zmq)
+            self.ex._update_bar(idle=not self._pending)
             if self._closing and not self._incoming and not self._pending:
                 return
 

@@ -95,6 +95,16 @@ def test_direct_batch_of_10000_resolves_each_future_once(client, endpoint_id):
     assert len(calls) == n and set(calls.values()) == {1}
 
 
+def test_a_direct_batch_shows_a_progress_bar(client, endpoint_id):
+    import io
+
+    out = io.StringIO()
+    with Executor(endpoint_id=endpoint_id, client=client, direct=True, progress=out) as ex:
+        assert list(ex.map(square, range(50))) == [i * i for i in range(50)]
+        assert ex.direct_stats["results"] == 50
+    assert "50/50" in out.getvalue()
+
+
 def test_direct_session_needs_a_plain_executor(client, endpoint_id):
     with Executor(endpoint_id=endpoint_id, client=client, direct=True, memoize=True) as ex:
         assert ex.direct_stats == {}
