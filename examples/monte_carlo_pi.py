@@ -4,7 +4,8 @@ Starts the embedded service and the local endpoint when they are not running
 (`skyfn local up --detach`), maps the sampling function over 1,000+ tasks through the
 concurrent.futures Executor with a progress bar, then prints the estimate, the task
 count, the wall time and the median latency of each stage read back from the task
-events (service, queue wait, dispatch, run, return), and ends by writing the report of
+events (service, queue wait, dispatch, run, return), then the round trip of interactive
+calls through the service and in a direct session with the agent, and ends by writing the report of
 the run (`--report DIR`, default ./skyfn-report: PNGs and report.html) and saying where.
 """
 from __future__ import annotations
@@ -73,6 +74,20 @@ def main() -> None:
         for name, values in stages.items():
             if values:
                 print(f"  {name:<11} {1000 * statistics.median(values):8.2f}")
+        # interactive calls, one at a time: through the service, then in a direct session
+        # with the agent (the service authorizes the session and records every task)
+        rtts = {}
+        for mode in ("service", "direct"):
+            with Executor(endpoint="local", client=client, direct=mode == "direct") as ex:
+                ex.submit(sample, 10, 0).result()  # connected and warm
+                times = []
+                for seed in range(50):
+                    t = time.perf_counter()
+                    ex.submit(sample, 10, seed).result()
+                    times.append(1000 * (time.perf_counter() - t))
+            rtts[mode] = statistics.median(times)
+        print(f"\ninteractive round trip (median of 50): {rtts['service']:.2f} ms through the service, "
+              f"{rtts['direct']:.2f} ms in a direct session (Executor(direct=True))")
         # the pictures of this run, from the same events (skyfn report; DESIGN.md 11)
         out = Path(args.report).resolve()
         report = client.report(since=started_at - 1, endpoint="local", html=out / "report.html", png_dir=out)
