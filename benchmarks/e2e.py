@@ -15,7 +15,8 @@ Starts everything it needs (redis-server, moto, the local gateway and an endpoin
   and in a direct session (``direct``: session and function requests; ``batch_direct_10k_s``);
 - a batch of ``--big`` no-ops (``batch_100k_tasks_per_s``) with the peak RSS of the
   service (its process and its Lambda environments) and of the agent (agent, manager,
-  workers), sampled every 0.1 s;
+  workers), sampled every 0.1 s; and the same batch in a direct session
+  (``batch_big_direct_tasks_per_s``: the tasks go SDK -> agent, the service records them);
 - the same batch on concurrent.futures.ProcessPoolExecutor(2) and, when installed,
   Parsl's HighThroughputExecutor with 2 workers (logging off), and prints ratios
   (``rtt_p50_over_htex``: our push round trip over HTEX's, the same run;
@@ -126,6 +127,18 @@ def batch_run(executor, tasks: int) -> float:
     return elapsed
 
 
+def executor_rtts(ex, n: int) -> list[float]:
+    """Milliseconds of `n` single-task round trips (submit, result), after 20 to warm up."""
+    for i in range(20):
+        ex.submit(noop, i).result(timeout=30)
+    rtts = []
+    for i in range(n):
+        t = time.perf_counter()
+        assert ex.submit(noop, i).result(timeout=30) == i
+        rtts.append((time.perf_counter() - t) * 1000)
+    return rtts
+
+
 def bench_skyfn(tasks: int, rtt_n: int, big: int = 0) -> dict:
     from infra.local import runtime
     from skyfn import Client, Executor
@@ -150,22 +163,10 @@ def bench_skyfn(tasks: int, rtt_n: int, big: int = 0) -> dict:
                 assert client.get_result(client.run(fid, i, endpoint_id=endpoint_id), timeout=30) == i
                 poll_rtts.append((time.perf_counter() - t) * 1000)
         with Executor(endpoint="local", push=True) as ex:  # the results push
-            for i in range(20):
-                ex.submit(noop, i).result(timeout=30)
-            rtts = []
-            for i in range(rtt_n):
-                t = time.perf_counter()
-                assert ex.submit(noop, i).result(timeout=30) == i
-                rtts.append((time.perf_counter() - t) * 1000)
+            rtts = executor_rtts(ex, rtt_n)
             push_stats = ex.push_stats
         with Executor(endpoint="local", direct=True) as ex:  # a direct session with the agent
-            for i in range(20):
-                ex.submit(noop, i).result(timeout=30)
-            direct_rtts = []
-            for i in range(rtt_n):
-                t = time.perf_counter()
-                assert ex.submit(noop, i).result(timeout=30) == i
-                direct_rtts.append((time.perf_counter() - t) * 1000)
+            direct_rtts = executor_rtts(ex, rtt_n)
             direct_stats = ex.direct_stats
         assert direct_stats.get("active") and not direct_stats.get("to_service"), direct_stats
         requests, result_requests, batch = {}, {}, 0.0
@@ -193,6 +194,13 @@ def bench_skyfn(tasks: int, rtt_n: int, big: int = 0) -> dict:
                 big_push = ex.push_stats
             big_result = {"tasks_per_s": big / elapsed, "s": elapsed, "push_stats": big_push,
                           "peak_rss_mb": {k: round(v / 2**20, 1) for k, v in rss.peak.items()}}
+            with Executor(endpoint="local", direct=True) as ex, PeakRss(pids) as rss:
+                batch_run(ex, 1000)
+                elapsed = batch_run(ex, big)
+                stats = ex.direct_stats
+            assert stats["active"] and not stats["to_service"], stats
+            big_result["direct"] = {"tasks_per_s": big / elapsed, "s": elapsed,
+                                    "peak_rss_mb": {k: round(v / 2**20, 1) for k, v in rss.peak.items()}}
     finally:
         runtime.down(home, echo=lambda *_: None)
     return {"batch_s": batch, "rtt_p50_ms": statistics.median(rtts), "rtt_p99_ms": percentile(rtts, 0.99),
@@ -316,6 +324,8 @@ def main() -> None:
         summary["batch_big_s"] = round(extra["big"]["s"], 2)
         summary["peak_rss_mb"] = extra["big"]["peak_rss_mb"]
         summary["batch_big_push_stats"] = extra["big"]["push_stats"]
+        summary["batch_big_direct_tasks_per_s"] = round(extra["big"]["direct"]["tasks_per_s"])
+        summary["peak_rss_mb_direct"] = extra["big"]["direct"]["peak_rss_mb"]
     summary["push_stats"] = extra["push_stats"]
     summary["direct_stats"] = extra["direct_stats"]
     print(f"round trip p50 with push {sky['rtt_p50_ms']:.2f} ms, with long-poll {extra['rtt_poll_p50_ms']:.2f} ms; "

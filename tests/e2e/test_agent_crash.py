@@ -2,14 +2,8 @@
 starting it again loses no task and delivers each result exactly once to the SDK."""
 from __future__ import annotations
 
-import os
-import signal
-import time
-
-import psutil
-
-from infra.local import agent
 from skyfn import Executor
+from tests.e2e.agent_kill import kill_and_restart, wait_under_way
 
 
 def slow_square(x):
@@ -19,25 +13,13 @@ def slow_square(x):
     return x * x
 
 
-def _agent_pid(home) -> int:
-    return int(agent.pidfile(home, "local").read_text().split()[0])
-
-
 def test_sigkill_agent_mid_batch_loses_nothing(local_home, client):
     n = 2000
     delivered: dict[int, int] = {}
     with Executor(endpoint="local") as ex:
         futures = [ex.submit(slow_square, i) for i in range(n)]
-        deadline = time.monotonic() + 60
-        while sum(f.done() for f in futures) < 300 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        done_before = sum(f.done() for f in futures)
-        assert 0 < done_before < n, "the batch must be in flight when the agent dies"
-        pid = _agent_pid(local_home)
-        family = [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
-        os.kill(pid, signal.SIGKILL)
-        psutil.wait_procs([psutil.Process(p) for p in family if psutil.pid_exists(p)], timeout=15)
-        agent.start("local", local_home)
+        wait_under_way(futures)
+        kill_and_restart(local_home)
         for i, f in enumerate(futures):
             value = f.result(timeout=120)
             assert value == i * i

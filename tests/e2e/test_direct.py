@@ -4,17 +4,14 @@ back, the service records every task, and when the agent dies mid-batch the task
 flight go through the service instead -- every future resolves exactly once."""
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 
-import psutil
 import pytest
 
-from infra.local import agent
 from skyfn import Client, Executor
 from skyfn.http import SkyfnAPIError
+from tests.e2e.agent_kill import kill_and_restart, wait_under_way
 
 
 def square(x):
@@ -148,25 +145,13 @@ def test_a_reply_lost_while_the_connection_was_down_is_settled_from_the_service(
     assert stats["settled"] == 1 and stats["to_service"] == 0 and stats["lost"] == 0, stats
 
 
-def _agent_family(home) -> list[int]:
-    pid = int(agent.pidfile(home, "local").read_text().split()[0])
-    return [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
-
-
 def test_agent_killed_mid_batch_loses_nothing(local_home, client, endpoint_id):
     n = 2000
     with Executor(endpoint_id=endpoint_id, client=client, direct=True, direct_timeout=2.0) as ex:
         futures = [ex.submit(slow_square, i) for i in range(n)]
         calls = _counted(futures)
-        deadline = time.monotonic() + 60
-        while sum(f.done() for f in futures) < 300 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        done_before = sum(f.done() for f in futures)
-        assert 0 < done_before < n, "the batch must be in flight when the agent dies"
-        family = _agent_family(local_home)
-        os.kill(family[0], signal.SIGKILL)
-        psutil.wait_procs([psutil.Process(p) for p in family if psutil.pid_exists(p)], timeout=15)
-        agent.start("local", local_home)
+        wait_under_way(futures)
+        kill_and_restart(local_home)
         assert [f.result(timeout=180) for f in futures] == [i * i for i in range(n)]
         stats = ex.direct_stats
     assert stats["lost"] >= 1 and stats["to_service"] >= 1, stats
