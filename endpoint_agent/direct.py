@@ -32,8 +32,9 @@ from pydantic import TypeAdapter, ValidationError
 from endpoint_agent.config import ConfigError, DirectConfig
 from endpoint_agent.ix_state import DirectReceipt, IxState
 from endpoint_agent.task_record import T_ID
+from skyfn.protocol.api import DirectInfo
 from skyfn.protocol.direct import (
-    MAX_ASKED, PING, PONG, REFUSE_BAD_PACK, REFUSE_BAD_TOKEN, REFUSE_EXPIRED, REFUSE_FUNCTION, REFUSED, RESULTS, SUBMIT, DirectInfo,
+    MAX_ASKED, PING, PONG, REFUSE_BAD_PACK, REFUSE_BAD_TOKEN, REFUSE_EXPIRED, REFUSE_FUNCTION, REFUSED, RESULTS, SUBMIT,
     DirectRefused, body_digest, new_session_key, verify_token,
 )
 from skyfn.protocol.messages import TaskPack, TaskSpec

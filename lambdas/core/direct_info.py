@@ -1,4 +1,4 @@
-"""The direct channel an endpoint's agent publishes (skyfn.protocol.direct.DirectInfo):
+"""The direct channel an endpoint's agent publishes (skyfn.protocol.api.DirectInfo):
 where its direct socket listens, the socket's public key and the session key the service
 signs session tokens with.
 
@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from lambdas.config import settings
 from lambdas.core import deps
-from skyfn.protocol.direct import DirectInfo
+from skyfn.protocol.api import DirectInfo
 
 TTL_HEARTBEATS = 3  # heartbeat timeouts a published channel outlives the heartbeat that published it
 

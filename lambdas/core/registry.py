@@ -12,7 +12,7 @@ from lambdas.core import access, allowlist, deps, direct_info
 from lambdas.core.errors import NotFound
 from lambdas.core.ids import is_uuid, new_id
 from skyfn.protocol.api import EndpointInfo, FunctionInfo, RegisterEndpoint, RegisterFunction
-from skyfn.protocol.direct import DirectInfo
+from skyfn.protocol.api import DirectInfo
 
 ALL_ENDPOINTS = "ep-index"  # set: the ids of the endpoints cached in Redis (ep:<id>)
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, WithJsonSchema, field_validator
 
 from skyfn.protocol.allowlist import MAX_ALLOWED_FUNCTIONS, AllowedFunction
-from skyfn.protocol.direct import MAX_SESSION_FUNCTIONS, DirectInfo
+from skyfn.protocol.direct import MAX_SESSION_FUNCTIONS, SESSION_KEY_BYTES
 
 from skyfn.protocol.limits import (  # noqa: F401 - the limits, kept importable from here
     MAX_BATCH,
@@ -125,6 +125,15 @@ class EndpointRegistered(EndpointInfo):
 
 class EndpointList(BaseModel):
     endpoints: list[EndpointInfo]
+
+
+class DirectInfo(BaseModel):
+    """What an agent publishes about its direct socket (heartbeat field `direct`)."""
+
+    address: str = Field(description="tcp://host:port the SDK connects to")
+    server_key: str = Field(min_length=40, max_length=40, description="the socket's CurveZMQ public key (Z85)")
+    session_key: str = Field(min_length=2 * SESSION_KEY_BYTES, max_length=2 * SESSION_KEY_BYTES,
+                             pattern="^[0-9a-f]+$", description="hex key the service signs session tokens with")
 
 
 class Heartbeat(_Body):

@@ -6,7 +6,7 @@ Redis, agent, results, push hub); a direct session takes the three that Parsl HT
 may run what and still keeps the record:
 
 1. The agent publishes, with each heartbeat, where its direct socket listens, the socket's
-   CurveZMQ public key and a random session key (`DirectInfo`). Only the agent itself can
+   CurveZMQ public key and a random session key (`skyfn.protocol.api.DirectInfo`). Only the agent itself can
    publish them (the heartbeat is authenticated as the agent); they expire with the
    heartbeat, so an agent gone silent takes no new sessions.
 2. The SDK asks the service for a session (`POST /endpoints/{id}/sessions` with the
@@ -55,8 +55,6 @@ import secrets
 import time
 from typing import Any, Optional
 
-from pydantic import BaseModel, Field
-
 SUBMIT = b"S"
 PING = b"P"
 RESULTS = b"R"
@@ -73,15 +71,6 @@ REFUSE_EXPIRED = "expired"
 REFUSE_WRONG_ENDPOINT = "wrong_endpoint"
 REFUSE_FUNCTION = "function"
 REFUSE_BAD_PACK = "bad_pack"
-
-
-class DirectInfo(BaseModel):
-    """What an agent publishes about its direct socket (heartbeat field `direct`)."""
-
-    address: str = Field(description="tcp://host:port the SDK connects to")
-    server_key: str = Field(min_length=40, max_length=40, description="the socket's CurveZMQ public key (Z85)")
-    session_key: str = Field(min_length=2 * SESSION_KEY_BYTES, max_length=2 * SESSION_KEY_BYTES,
-                             pattern="^[0-9a-f]+$", description="hex key the service signs session tokens with")
 
 
 class DirectRefused(Exception):
