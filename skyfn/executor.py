@@ -317,7 +317,9 @@ class Executor(_BaseExecutor):
             return {}
         counts = dict.fromkeys(("sessions", "session_failures", "packs", "tasks", "results", "refused", "lost",
                                 "settled", "to_service"), 0)
-        return dict(counts, **d.stats, active=d.usable and d.why_not is None, why_not=d.why_not)
+        waiting = time.monotonic() < d._retry_at
+        return dict(counts, **d.stats, active=d.usable and not waiting and d._session is not None,
+                    why_not=d.why_not or (d.unavailable if waiting else None))
 
     # -- caller side ----------------------------------------------------------------
     def _function_id(self, fn: Union[Callable[..., Any], str]) -> str:

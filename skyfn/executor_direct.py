@@ -14,8 +14,9 @@ deque and a wake-up pipe; it sends what has gathered as one pack per wake-up (up
 every task until its result is in. Nothing is lost when the direct path fails; the tasks
 concerned go through the service instead (at least once, as for every skyfn task):
 
-* the endpoint offers no session (its agent has no ``direct:`` section, is offline, or
-  pyzmq is missing here): every task goes through the service; ``why_not`` says why;
+* no session can be had: pyzmq is missing here (``why_not``), or the endpoint offers none
+  (its agent has no ``direct:`` section, is offline or restarting: ``unavailable``, asked
+  again every ``RETRY_AFTER_S`` while tasks come): those tasks go through the service;
 * the agent refuses a pack: a stale or expired token gets a new session and one resend,
   anything else (a function it will not run) goes through the service, which reports it;
 * the agent no longer holds a task whose result never came (the reply was lost while the
@@ -66,7 +67,8 @@ class DirectChannel(threading.Thread):
         self.ex = ex
         self.endpoint_id = endpoint_id
         self.timeout = max(0.5, float(timeout))
-        self.why_not: Optional[str] = None  # set when no session can be had (tasks go through the service)
+        self.why_not: Optional[str] = None  # set when no session can ever be had (tasks go through the service)
+        self.unavailable: Optional[str] = None  # why the last session request failed (asked again later)
         self.stats = collections.Counter()
         self._lock = threading.Lock()
         self._incoming: collections.deque = collections.deque()   # (future, function id, payload)
@@ -184,7 +186,7 @@ class DirectChannel(threading.Thread):
         `_window` of this executor's tasks (twice its capacity), the rest wait here, so a
         million-task map does not land in the agent's memory at once."""
         if self.why_not is not None or time.monotonic() < self._retry_at:
-            self._to_service(self._drain_incoming(), self.why_not or "no direct session")
+            self._to_service(self._drain_incoming(), self.why_not or self.unavailable or "no direct session")
             return
         n, free = len(self._incoming), self._window - len(self._pending)
         if self._pending and free < min(n, self.ex.batch_size // 4):
@@ -253,20 +255,18 @@ class DirectChannel(threading.Thread):
                 self._functions[fid] = {"body": info["function"], "container": info.get("container"),
                                         "tag": info.get("tag")}
             opened = self.ex.client.open_session(self.endpoint_id, sorted(want))
-        except SkyfnAPIError as exc:
-            if exc.status == 409 and exc.code == "no_direct_channel":
-                self.why_not = exc.message
-                log.info("no direct session: %s; tasks go through the service", exc.message)
-            else:  # 403/404: the service path reports the same refusal on the task itself
-                log.warning("no direct session (%s); these tasks go through the service", exc)
-                self._retry_at = time.monotonic() + RETRY_AFTER_S
-            self.stats["session_failures"] += 1
-            return False
         except Exception as exc:  # noqa: BLE001 - the service is the fallback, and it retries itself
-            log.warning("opening a direct session failed (%s); tasks go through the service", exc)
+            # 409 no_direct_channel: none offered now (no `direct:` section, or an agent
+            # restarting: asked again later); 403/404: the service path reports the same
+            # refusal on the task itself
+            quiet = isinstance(exc, SkyfnAPIError) and exc.status == 409
+            if not self.stats["session_failures"] or not quiet:
+                (log.info if quiet else log.warning)("no direct session (%s); tasks go through the service", exc)
+            self.unavailable = exc.message if isinstance(exc, SkyfnAPIError) else repr(exc)
             self._retry_at = time.monotonic() + RETRY_AFTER_S
             self.stats["session_failures"] += 1
             return False
+        self.unavailable = None
         if s is None or opened["address"] != s["address"] or opened["server_key"] != s["server_key"]:
             self._connect(zmq, opened["address"], opened["server_key"])
         self._session = dict(opened, fids=want)

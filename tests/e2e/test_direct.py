@@ -14,6 +14,26 @@ from skyfn.http import SkyfnAPIError
 from tests.e2e.agent_kill import kill_and_restart, wait_under_way
 
 
+@pytest.fixture(autouse=True)
+def live_channel(local_home, client, endpoint_id):
+    """The service hands out the running agent's socket (not one of an agent that an
+    earlier test killed and restarted, before the new one's first heartbeat)."""
+    import json
+
+    status = local_home / "endpoints" / "local" / "status.json"
+    fid = client.register_function(square)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            live = json.loads(status.read_text())["direct"]["address"]
+            if client.open_session(endpoint_id, [fid])["address"] == live:
+                return
+        except (OSError, ValueError, KeyError, TypeError, SkyfnAPIError):
+            pass
+        assert time.monotonic() < deadline, "the agent's direct socket was never published"
+        time.sleep(0.1)
+
+
 def square(x):
     return x * x
 
@@ -187,3 +207,18 @@ def test_a_refused_token_gets_a_new_session_and_one_resend(client, endpoint_id):
         assert [f.result(timeout=60) for f in [ex.submit(square, i) for i in range(5)]] == [0, 1, 4, 9, 16]
         stats = ex.direct_stats
     assert stats["refused"] == 5 and stats["sessions"] >= 2 and stats["to_service"] == 0 and stats["results"] == 6
+
+
+def test_an_endpoint_without_a_direct_socket_gets_its_tasks_through_the_service(client):
+    bare = client._http.post("/endpoints", {"name": "no-direct"})["endpoint_id"]  # no agent: nothing published
+    with Executor(endpoint_id=bare, client=client, direct=True) as ex:
+        fut = ex.submit(square, 6)
+        deadline = time.monotonic() + 30
+        while not fut.task_id and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stats = ex.direct_stats
+        assert stats["session_failures"] == 1 and stats["to_service"] == 1 and stats["tasks"] == 0, stats
+        assert not stats["active"] and "takes no direct sessions" in stats["why_not"]
+        assert client.get_task(fut.task_id)["state"] == "QUEUED"  # waiting at the service for an agent
+        ex.shutdown(wait=True, cancel_futures=True)
+    assert fut.cancelled()
