@@ -187,9 +187,9 @@ def test_agent_killed_mid_batch_loses_nothing(local_home, client, endpoint_id):
 
 
 def test_an_idle_session_is_not_taken_for_a_lost_agent(client, endpoint_id):
-    with Executor(endpoint_id=endpoint_id, client=client, direct=True, direct_timeout=0.5) as ex:
+    with Executor(endpoint_id=endpoint_id, client=client, direct=True, direct_timeout=2.0) as ex:
         assert ex.submit(square, 3).result(timeout=60) == 9
-        time.sleep(1.5)  # idle for longer than direct_timeout
+        time.sleep(3.0)  # idle for longer than direct_timeout
         assert ex.submit(square, 4).result(timeout=60) == 16
         stats = ex.direct_stats
     assert stats["lost"] == 0 and stats["to_service"] == 0 and stats["results"] == 2, stats
