@@ -57,6 +57,8 @@ RETRY_AFTER_S = 5.0
 RENEW_BEFORE_S = 60.0  # a token this close to its expiry is renewed before use
 SETTLE_AFTER_S = 1.0   # a task the agent no longer holds is looked up at the service after this
 RESUBMIT_AFTER_S = 5.0  # ... and resubmitted if the service still has no record of it after this
+PACK_BYTES = 16 << 20  # a pack is sent once its payloads reach this (the agent takes messages up to 64 MiB)
+MAX_DIRECT_PAYLOAD = 8 << 20  # larger arguments go through the service (and S3)
 MIN_WINDOW = 2000  # tasks of this executor the agent may hold at once, at least (PONG's capacity x 2)
 _IDLE_WAIT_S = 1.0
 
@@ -192,7 +194,14 @@ class DirectChannel(threading.Thread):
         if self._pending and free < min(n, self.ex.batch_size // 4):
             return  # wait for room: packs of a useful size, not a trickle
         items = [self._incoming.popleft() for _ in range(min(n, free))]
-        live = [it for it in items if not it[0].cancelled()]
+        live, service = [], []
+        for it in items:
+            if not it[0].cancelled():
+                # GlobusFile arguments are validated and staged by the service path; a payload
+                # this large is better fetched from S3 than held in one message
+                (service if getattr(it[2], "staging", None) or len(it[2]) > MAX_DIRECT_PAYLOAD else live).append(it)
+        if service:
+            self._to_service(service, "staged files or a large payload")
         if not live:
             return
         if not self._ensure_session({it[1] for it in live}):
@@ -217,26 +226,27 @@ class DirectChannel(threading.Thread):
             for tid, fut, fid, payload, resends in tasks:
                 self._pending[tid] = (fut, fid, payload, resends)
                 fut.task_id = tid
-        for i in range(0, len(tasks), batch):
-            chunk = tasks[i:i + batch]
-            specs, fids = [], set()
-            for tid, _, fid, payload, _ in chunk:
-                fn = self._functions[fid]
-                spec = {"task_id": tid, "function_id": fid, "payload": payload, **opts}
-                if fn["container"]:
-                    spec["container"] = fn["container"]
-                if fn["tag"]:
-                    spec["tag"] = fn["tag"]
-                specs.append(spec)
-                fids.add(fid)
-            pack = {"tasks": specs, "functions": {fid: self._functions[fid]["body"] for fid in fids}}
-            try:
-                self._sock.send_multipart([proto.SUBMIT, token, orjson.dumps(pack)], copy=len(specs) > 8)
-            except zmq.ZMQError as exc:  # the send queue is full: the agent stopped reading
-                self._lost(f"sending to the agent failed ({exc})")
-                return
-            self.stats["packs"] += 1
-            self.stats["tasks"] += len(specs)
+        specs, fids, size = [], set(), 0
+        for n, (tid, _, fid, payload, _) in enumerate(tasks, 1):
+            fn = self._functions[fid]
+            spec = {"task_id": tid, "function_id": fid, "payload": payload, **opts}
+            if fn["container"]:
+                spec["container"] = fn["container"]
+            if fn["tag"]:
+                spec["tag"] = fn["tag"]
+            specs.append(spec)
+            fids.add(fid)
+            size += len(payload)
+            if len(specs) >= batch or size >= PACK_BYTES or n == len(tasks):
+                pack = {"tasks": specs, "functions": {f: self._functions[f]["body"] for f in fids}}
+                try:
+                    self._sock.send_multipart([proto.SUBMIT, token, orjson.dumps(pack)], copy=len(specs) > 8)
+                except zmq.ZMQError as exc:  # the send queue is full: the agent stopped reading
+                    self._lost(f"sending to the agent failed ({exc})")
+                    return
+                self.stats["packs"] += 1
+                self.stats["tasks"] += len(specs)
+                specs, fids, size = [], set(), 0
 
     def _ensure_session(self, fids: set[str], renew: bool = False) -> bool:
         """A session whose token covers `fids` and is not about to expire; False (and the

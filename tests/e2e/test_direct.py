@@ -222,3 +222,16 @@ def test_an_endpoint_without_a_direct_socket_gets_its_tasks_through_the_service(
         assert client.get_task(fut.task_id)["state"] == "QUEUED"  # waiting at the service for an agent
         ex.shutdown(wait=True, cancel_futures=True)
     assert fut.cancelled()
+
+
+def size_of(x):
+    return len(x)
+
+
+def test_a_very_large_argument_goes_through_the_service(client, endpoint_id):
+    big = "z" * (9 << 20)  # above MAX_DIRECT_PAYLOAD (8 MiB): through the service and S3
+    with Executor(endpoint_id=endpoint_id, client=client, direct=True, data_store=None) as ex:
+        small, large = ex.submit(size_of, "abc"), ex.submit(size_of, big)
+        assert (small.result(timeout=60), large.result(timeout=120)) == (3, len(big))
+        stats = ex.direct_stats
+    assert stats["tasks"] == 1 and stats["to_service"] == 1, stats
