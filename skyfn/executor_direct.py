@@ -111,7 +111,8 @@ class DirectChannel(threading.Thread):
 
     def futures(self) -> list:
         with self._lock:
-            return [item[0] for item in self._incoming] + [p[0] for p in self._pending.values()]
+            # list() copies the deque in one step: callers' threads append to it meanwhile
+            return [item[0] for item in list(self._incoming)] + [p[0] for p in self._pending.values()]
 
     def close(self, wait: bool = True) -> None:
         """Stop taking tasks; with ``wait``, return once every task handed over is resolved
