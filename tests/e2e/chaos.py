@@ -8,7 +8,9 @@ report of what every task became.
 Victims, in a random order (each kind once per round): a worker (its manager starts another), a manager (the agent
 starts another), the agent (restarted with `skyfn-endpoint start local`), redis-server
 (restarted on its port; it replays its append-only file) and the service process
-(restarted on its port). Clients are plain `skyfn.Executor`s with default settings.
+(restarted on its port). Kills go on while the clients submit (`pace` seconds) and then,
+for at most another `pace`, until each kind died `min_kills` times. Clients are plain
+`skyfn.Executor`s with default settings.
 
 The report: submitted, completed, failed (grouped by reason), duplicated (a result
 delivered twice, a wrong result, or a task with more than one final state in the
@@ -106,6 +108,11 @@ class Killer(threading.Thread):
     def stop(self) -> None:
         self._halt.set()
 
+    def least_killed(self) -> int:
+        """Kills of the kind killed least so far."""
+        counts = collections.Counter(k["victim"] for k in list(self.kills))
+        return min(counts.get(v, 0) for v in self.victims)
+
     def run(self) -> None:
         bag: list[str] = []
         while not self._halt.wait(self.rng.uniform(*self.interval)):
@@ -180,7 +187,7 @@ def _final_events(home: Path, task_ids: list[str]) -> tuple[dict[str, int], dict
 
 def run(tasks: int = 20000, clients: int = 4, pace: float = 120.0, interval: tuple[float, float] = (2.0, 8.0),
         workers: int = 2, seed: int = 1, timeout: float = 900.0, victims=VICTIMS, home: Path | None = None,
-        task_seconds: float = 0.01, echo=print) -> dict:
+        task_seconds: float = 0.01, min_kills: int = 2, echo=print) -> dict:
     import yaml
 
     from infra.local import recover, runtime
@@ -216,6 +223,11 @@ def run(tasks: int = 20000, clients: int = 4, pace: float = 120.0, interval: tup
         started = time.time()
         killer.start()
         time.sleep(pace)  # kill while the clients submit
+        # and on, up to another `pace`, until every kind died `min_kills` times: on a slow
+        # machine restarts take longer and fewer kills fit in the pace
+        until = time.time() + pace
+        while killer.least_killed() < min_kills and time.time() < until:
+            time.sleep(0.2)
         killer.stop()
         killer.join(60)
         chaos_seconds = time.time() - started
