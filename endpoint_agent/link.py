@@ -4,8 +4,9 @@ POST /endpoints {name, metadata} -> EndpointRegistered (endpoint_id and the task
 results QueueDescriptors). POST /endpoints/{id}/heartbeat {"stats": {...}} every
 heartbeat_period. Both carry the endpoint's allowlist (`allowed_functions`, None: any
 function), so the service refuses other functions at submission. With direct sessions on,
-every heartbeat also carries the direct socket's DirectInfo (skyfn.protocol.direct): the
-service signs session tokens with its session key, and forgets it when heartbeats stop. A service that is down is retried with exponential backoff; the agent
+every heartbeat also carries the direct socket's DirectInfo (skyfn.protocol.api): the
+service signs session tokens with its session key, and forgets it when heartbeats stop.
+A service that is down is retried with exponential backoff; the agent
 keeps running tasks meanwhile (the queues do not need the service). A 4xx answer to
 registration is not retried: the token or the name is wrong, and the message says so.
 """
@@ -102,7 +103,7 @@ class ServiceLink:
     def heartbeat(self, endpoint_id: str, stats: dict[str, Any], allowed: Any = ...,
                   direct: dict[str, str] | None = None) -> dict[str, Any]:
         """`allowed`: the allowlist to report (None: any function); not given: not reported.
-        `direct`: the agent's DirectInfo (skyfn.protocol.direct), with every heartbeat while it takes sessions."""
+        `direct`: the agent's DirectInfo (skyfn.protocol.api), with every heartbeat while it takes sessions."""
         fields: dict[str, Any] = {"stats": stats}
         if allowed is not ...:
             fields["allowed_functions"] = allowed

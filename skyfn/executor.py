@@ -312,14 +312,7 @@ class Executor(_BaseExecutor):
     def direct_stats(self) -> dict:
         """Counters of the direct session (sessions, packs, tasks, results, refused, lost,
         to_service) and whether it is in use; {} when the executor was made without it."""
-        d = self._direct
-        if d is None:
-            return {}
-        counts = dict.fromkeys(("sessions", "session_failures", "packs", "tasks", "results", "refused", "lost",
-                                "settled", "to_service"), 0)
-        waiting = time.monotonic() < d._retry_at
-        return dict(counts, **d.stats, active=d.usable and not waiting and d._session is not None,
-                    why_not=d.why_not or (d.unavailable if waiting else None))
+        return self._direct.snapshot() if self._direct is not None else {}
 
     # -- caller side ----------------------------------------------------------------
     def _function_id(self, fn: Union[Callable[..., Any], str]) -> str:

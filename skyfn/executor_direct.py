@@ -114,6 +114,14 @@ class DirectChannel(threading.Thread):
             # list() copies the deque in one step: callers' threads append to it meanwhile
             return [item[0] for item in list(self._incoming)] + [p[0] for p in self._pending.values()]
 
+    def snapshot(self) -> dict:
+        """The counters, and whether tasks go direct now (`active`) or why not (`why_not`)."""
+        waiting = time.monotonic() < self._retry_at
+        counts = dict.fromkeys(("sessions", "session_failures", "packs", "tasks", "results", "refused", "lost",
+                                "settled", "to_service"), 0)
+        return dict(counts, **self.stats, active=self.usable and not waiting and self._session is not None,
+                    why_not=self.why_not or (self.unavailable if waiting else None))
+
     def close(self, wait: bool = True) -> None:
         """Stop taking tasks; with ``wait``, return once every task handed over is resolved
         or passed on to the service."""

@@ -2,9 +2,10 @@
 where its direct socket listens, the socket's public key and the session key the service
 signs session tokens with.
 
-Only the agent's own heartbeats publish it (registry.heartbeat), each one renewing it for
-TTL_HEARTBEATS heartbeat timeouts; an agent heartbeat without it withdraws it, and an agent
-gone silent loses it when the reaper marks the endpoint offline. It lives in Redis alone
+The agent's own heartbeats publish it (registry.heartbeat; so do its owner's, for agents
+that sign in as their owner), each one renewing it for TTL_HEARTBEATS heartbeat timeouts;
+an agent heartbeat without it withdraws it, and an agent gone silent loses it when the
+reaper marks the endpoint offline. It lives in Redis alone
 (`epdirect:<endpoint>`, JSON), apart from the endpoint's record `ep:<endpoint>`, so nothing
 that reads the record (EndpointInfo, endpoint lists, the status page) can hand the session
 key out. The key is a secret: it is never returned by the API and never logged.

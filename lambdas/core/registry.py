@@ -11,8 +11,7 @@ from lambdas.config import settings
 from lambdas.core import access, allowlist, deps, direct_info
 from lambdas.core.errors import NotFound
 from lambdas.core.ids import is_uuid, new_id
-from skyfn.protocol.api import EndpointInfo, FunctionInfo, RegisterEndpoint, RegisterFunction
-from skyfn.protocol.api import DirectInfo
+from skyfn.protocol.api import DirectInfo, EndpointInfo, FunctionInfo, RegisterEndpoint, RegisterFunction
 
 ALL_ENDPOINTS = "ep-index"  # set: the ids of the endpoints cached in Redis (ep:<id>)
 

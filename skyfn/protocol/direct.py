@@ -134,7 +134,3 @@ def verify_token(session_key: str, token: str, endpoint_id: str, now: Optional[f
         raise DirectRefused(REFUSE_EXPIRED, "the session token expired: ask the service for a new session")
     return claims
 
-
-def unverified_claims(token: str) -> dict[str, Any]:
-    """The claims of a token without checking the signature (the SDK reads its expiry)."""
-    return json.loads(_unb64(token.split(".")[0]))
