@@ -22,9 +22,14 @@ concerned go through the service instead (at least once, as for every skyfn task
 * the agent no longer holds a task whose result never came (the reply was lost while the
   connection was down): the service's record settles it, or, if the service has none
   after ``RESUBMIT_AFTER_S``, it goes through the service;
-* the agent falls silent (pings unanswered for ``timeout`` seconds) or restarted (its
-  start time changed): every task in flight is resubmitted through the service, and a
-  new session is tried ``RETRY_AFTER_S`` later.
+* the agent is gone: its socket refuses the connection (it stopped, or its address is
+  stale: a restarted agent listens elsewhere until its first heartbeat publishes that),
+  the CurveZMQ handshake fails (another agent, with another key, at that address), it
+  falls silent (pings unanswered for ``timeout`` seconds: a network that drops packets)
+  or it restarted (its start time changed): every task in flight is resubmitted through
+  the service, and a new session is tried ``RETRY_AFTER_S`` later. The first two are seen
+  on the socket's monitor as they happen, so a killed agent costs a fraction of a second,
+  not ``timeout``.
 
 A future resolves once: a task leaves the pending map exactly once, under its lock.
 """
@@ -63,6 +68,13 @@ MIN_WINDOW = 2000  # tasks of this executor the agent may hold at once, at least
 _IDLE_WAIT_S = 1.0
 
 
+def _watched_events(zmq) -> int:
+    """The monitor events the channel acts on (_watch)."""
+    return (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+
 class DirectChannel(threading.Thread):
     def __init__(self, ex: "Executor", endpoint_id: str, timeout: float):
         super().__init__(name="skyfn-direct", daemon=True)
@@ -84,6 +96,9 @@ class DirectChannel(threading.Thread):
         self._retry_at = 0.0
         self._ctx = None
         self._sock = None
+        self._monitor = None  # the socket's event monitor: refused connections, failed handshakes
+        self._up = False  # a handshake succeeded since the last connect or disconnect
+        self.last_loss: Optional[str] = None
         self._agent_started: Optional[float] = None
         self._last_heard = 0.0
         self._last_ping = 0.0
@@ -120,7 +135,7 @@ class DirectChannel(threading.Thread):
         counts = dict.fromkeys(("sessions", "session_failures", "packs", "tasks", "results", "refused", "lost",
                                 "settled", "to_service"), 0)
         return dict(counts, **self.stats, active=self.usable and not waiting and self._session is not None,
-                    why_not=self.why_not or (self.unavailable if waiting else None))
+                    why_not=self.why_not or (self.unavailable if waiting else None), last_loss=self.last_loss)
 
     def close(self, wait: bool = True) -> None:
         """Stop taking tasks; with ``wait``, return once every task handed over is resolved
@@ -168,6 +183,8 @@ class DirectChannel(threading.Thread):
             if self._sock is not None:
                 events = dict(self._poller.poll(wait * 1000))
                 readable = self._sock in events
+                if self._monitor in events:
+                    self._watch(zmq)
             else:
                 readable = False
                 select.select([self._wake_r], [], [], wait)
@@ -306,10 +323,13 @@ class DirectChannel(threading.Thread):
         sock.curve_serverkey = server_key.encode()
         sock.curve_publickey = public
         sock.curve_secretkey = secret
+        self._monitor = sock.get_monitor_socket(_watched_events(zmq))
+        self._up = False
         sock.connect(address)
         self._sock = sock
         self._poller = zmq.Poller()
         self._poller.register(sock, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
         self._poller.register(self._wake_r, zmq.POLLIN)
         self._agent_started = None
         self._last_heard = time.monotonic()  # silence counts from the connection
@@ -317,6 +337,10 @@ class DirectChannel(threading.Thread):
 
     def _disconnect(self) -> None:
         if self._sock is not None:
+            if self._monitor is not None:
+                self._sock.disable_monitor()
+                self._monitor.close(0)
+                self._monitor = None
             self._sock.close(0)
             self._sock = None
         if self._closing and self._ctx is not None and not self._pending:
@@ -378,6 +402,30 @@ class DirectChannel(threading.Thread):
         self._to_service([(fut, fid, payload) for _, fut, fid, payload, _ in tasks], reason)
 
     # -- liveness ---------------------------------------------------------------------
+    def _watch(self, zmq) -> None:
+        """Read the socket's monitor: a connection attempt that fails (nothing listens at the
+        address any more: the agent stopped or moved) or a handshake the agent refuses (a
+        restarted agent, another key) while no connection is up means the agent is gone.
+        A dropped connection alone is not: ZeroMQ reconnects, and a reply lost meanwhile is
+        settled from the service (PING/PONG)."""
+        from zmq.utils.monitor import recv_monitor_message
+
+        while self._monitor is not None:
+            try:
+                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)["event"]
+            except zmq.Again:
+                return
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._up = True
+            elif event == zmq.EVENT_DISCONNECTED:
+                self._up = False
+            elif not self._up and self._session is not None:
+                address = self._session["address"]
+                self._lost(f"nothing accepts connections at {address} any more (the agent stopped or moved)"
+                           if event == zmq.EVENT_CLOSED else
+                           f"the agent at {address} refused the session's handshake (it restarted)")
+                return
+
     def _check_alive(self, zmq) -> None:
         if self._sock is None:
             return
@@ -432,6 +480,7 @@ class DirectChannel(threading.Thread):
     def _lost(self, why: str) -> None:
         """The agent is gone (or lost our tasks): everything in flight goes through the service."""
         self.stats["lost"] += 1
+        self.last_loss = why
         log.warning("direct session lost: %s; %d task(s) in flight go through the service", why, len(self._pending))
         self._session = None
         self._suspects.clear()

@@ -186,6 +186,55 @@ def test_agent_killed_mid_batch_loses_nothing(local_home, client, endpoint_id):
     assert set(states) == {"SUCCEEDED"} and len(states) >= stats["to_service"]
 
 
+def test_a_killed_agent_is_noticed_on_the_socket_not_by_waiting_for_silence(local_home, client, endpoint_id):
+    """With `direct_timeout` far beyond the test's patience, only the socket's monitor (the
+    agent's address refusing the reconnection) can hand the tasks in flight to the service
+    in time; the next session, after the restarted agent published its socket, is direct."""
+    n = 600
+    with Executor(endpoint_id=endpoint_id, client=client, direct=True, direct_timeout=600.0) as ex:
+        futures = [ex.submit(slow_square, i) for i in range(n)]
+        calls = _counted(futures)
+        wait_under_way(futures, done=100)
+        kill_and_restart(local_home)
+        t0 = time.monotonic()
+        assert [f.result(timeout=60) for f in futures] == [i * i for i in range(n)]
+        recovered_s = time.monotonic() - t0
+        stats = ex.direct_stats
+        assert stats["lost"] >= 1 and stats["to_service"] >= 1, stats
+        assert "accepts connections" in stats["last_loss"] or "handshake" in stats["last_loss"], stats
+        # a new session once the restarted agent's heartbeat published its new socket
+        deadline = time.monotonic() + 60
+        while True:
+            before = ex.direct_stats["results"]
+            assert ex.submit(square, 5).result(timeout=60) == 25
+            if ex.direct_stats["results"] > before:
+                break
+            assert time.monotonic() < deadline, ex.direct_stats
+            time.sleep(0.5)
+    assert recovered_s < 60
+    time.sleep(0.2)
+    assert len(calls) == n and set(calls.values()) == {1}
+
+
+def test_a_handshake_the_agent_refuses_hands_the_tasks_to_the_service(client, endpoint_id):
+    """Reconnecting with a key that is not the agent's (as to an agent restarted on the same
+    port) fails the CurveZMQ handshake: seen at once on the monitor, nothing waits for silence."""
+    import zmq
+
+    with Executor(endpoint_id=endpoint_id, client=client, direct=True, direct_timeout=600.0) as ex:
+        assert ex.submit(square, 2).result(timeout=60) == 4
+        ex._direct._session["server_key"] = zmq.curve_keypair()[0].decode()  # not the agent's
+        ex._direct.drop_connection()
+        deadline = time.monotonic() + 30
+        while ex.direct_stats["lost"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        stats = ex.direct_stats
+        assert stats["lost"] == 1 and "refused the session's handshake" in stats["last_loss"], stats
+        assert list(ex.map(square, range(50), timeout=60)) == [i * i for i in range(50)]
+        stats = ex.direct_stats
+    assert stats["to_service"] == 50 and stats["results"] == 1, stats
+
+
 def test_an_idle_session_is_not_taken_for_a_lost_agent(client, endpoint_id):
     with Executor(endpoint_id=endpoint_id, client=client, direct=True, direct_timeout=2.0) as ex:
         assert ex.submit(square, 3).result(timeout=60) == 9
@@ -204,7 +253,8 @@ def test_a_refused_token_gets_a_new_session_and_one_resend(client, endpoint_id):
         # a token the agent cannot verify, as after its restart on the same port
         session["token"], _ = mint_token(new_session_key(), session_id=session["session_id"], owner="x",
                                          endpoint_id=endpoint_id, functions={})
-        assert [f.result(timeout=60) for f in [ex.submit(square, i) for i in range(5)]] == [0, 1, 4, 9, 16]
+        # one hand-over (map), so one pack carries all five on the bad token, however busy the machine
+        assert list(ex.map(square, range(5), timeout=60)) == [0, 1, 4, 9, 16]
         stats = ex.direct_stats
     assert stats["refused"] == 5 and stats["sessions"] >= 2 and stats["to_service"] == 0 and stats["results"] == 6
 
