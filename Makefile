@@ -38,6 +38,11 @@ bench-e2e: bench-deps
 bench-agent: bench-deps
 	$(PY) -m benchmarks.agent --json
 
+# Where one round trip goes, part by part, with Parsl HTEX's in the same run (issue 13)
+.PHONY: bench-rtt-floor
+bench-rtt-floor: bench-deps
+	$(PY) -m benchmarks.rtt_floor --json
+
 bench-warming: install
 	$(PY) -m benchmarks.warming --json
 
