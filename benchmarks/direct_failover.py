@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -60,29 +59,19 @@ def failover_once(home: Path, tasks: int) -> tuple[float, str]:
 
 
 def main() -> None:
-    import yaml
-
-    from infra.local import runtime
+    from benchmarks.embedded import embedded_runtime
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--tasks", type=int, default=3000)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="skyfn-failover-"))
-    cfg = home / "endpoints" / "local"
-    cfg.mkdir(parents=True)
-    (cfg / "config.yaml").write_text(yaml.safe_dump({"workers": 2, "direct": {"listen": "127.0.0.1"}}))
-    os.environ["SKYFN_HOME"] = str(home)
-    runtime.up(home, detach=True, echo=lambda *_: None)
     seen = []
-    try:
+    with embedded_runtime("skyfn-failover-", {"workers": 2, "direct": {"listen": "127.0.0.1"}}) as home:
         for _ in range(args.reps):
             s, why = failover_once(home, args.tasks)
             seen.append(s)
             print(f"SIGKILL -> tasks in flight handed to the service: {s:.3f} s ({why})", flush=True)
-    finally:
-        runtime.down(home, echo=lambda *_: None)
     result = {"reps": args.reps, "failover_s": [round(s, 3) for s in seen],
               "failover_p50_s": round(statistics.median(seen), 3)}
     print(f"median {result['failover_p50_s']:.3f} s")

@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -155,30 +154,20 @@ def direct_rtt(n: int) -> float:
 
 
 def main() -> None:
-    import yaml
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=300, help="calls per figure")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--no-parsl", action="store_true", help="skip Parsl HTEX")
     args = ap.parse_args()
-    from infra.local import runtime
+    from benchmarks.embedded import embedded_runtime
     from skyfn import Client
 
     result: dict = {"n": args.n, "hop": zmq_hop(args.n), "lambda_env": lambda_env(args.n)}
-    home = Path(tempfile.mkdtemp(prefix="skyfn-rtt-floor-"))
-    cfg = home / "endpoints" / "local"
-    cfg.mkdir(parents=True)
-    (cfg / "config.yaml").write_text(yaml.safe_dump({"workers": 2, "direct": {"listen": "127.0.0.1"}}))
-    os.environ["SKYFN_HOME"] = str(home)
-    runtime.up(home, detach=True, echo=lambda *_: None)
-    try:
+    with embedded_runtime("skyfn-rtt-floor-", {"workers": 2, "direct": {"listen": "127.0.0.1"}}):
         with Client() as client:
             result.update(gateway(client, args.n))
         result["push_stages"] = push_stages(args.n)
         result["direct"] = direct_rtt(args.n)
-    finally:
-        runtime.down(home, echo=lambda *_: None)
     if not args.no_parsl:
         from benchmarks.e2e import bench_parsl
 
