@@ -138,8 +138,10 @@ class DirectServer:
         self.packs += 1
         self.tasks += len(specs)
         receipt = DirectReceipt(identity, claims["sid"], {s.task_id: s.function_id for s in specs})
+        names = claims.get("fnm") or {}  # signed by the service, as a polled pack's function_meta is sent by it
+        meta = {fid: {"owner": names[fid][0], "name": names[fid][1]} for fid in bodies if fid in names}
         pack = TaskPack.model_construct(pack_id=f"direct-{claims['sid']}", endpoint_id=self.endpoint_id,
-                                        functions=bodies, function_meta={}, tasks=specs, owner=claims["sub"],
+                                        functions=bodies, function_meta=meta, tasks=specs, owner=claims["sub"],
                                         result_upload=None)
         return receipt, pack, recv_ts
 

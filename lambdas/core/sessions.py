@@ -7,7 +7,8 @@ use the endpoint, teams and shares included; allowlist.enforce: the endpoint all
 functions), then answers a token signed with the session key the agent published in its
 heartbeats (lambdas/core/direct_info.py). The token names the session, the caller, the
 endpoint, its expiry (SKYFN_DIRECT_SESSION_TTL) and the digest of each function body as
-the service stores it: the very text the agent receives in TaskPack.functions.
+the service stores it: the very text the agent receives in TaskPack.functions; and each
+function's owner and name, which the agent's `{owner, name}` allowlist entries match.
 
 The session is recorded in Redis (`ds:<session>`: `o` owner, `e` endpoint, one `f:<id>`
 field per function) for the token's lifetime plus RECORD_GRACE_S, so the results the agent
@@ -48,8 +49,9 @@ def open(owner: str, endpoint_id: str, body: OpenSession) -> SessionOpened:
     session_id = new_id()
     ttl = settings().direct_session_ttl
     digests = {fid: body_digest(fn.body) for fid, fn in functions.items()}
+    names = {fid: (fn.owner, fn.name) for fid, fn in functions.items()}  # for the agent's {owner, name} entries
     token, expires_at = mint_token(channel.session_key, session_id=session_id, owner=owner,
-                                   endpoint_id=endpoint_id, functions=digests, ttl=ttl)
+                                   endpoint_id=endpoint_id, functions=digests, ttl=ttl, names=names)
     pipe = deps.redis_client().pipeline(transaction=True)
     pipe.hset(record_key(session_id), mapping={"o": owner, "e": endpoint_id, **{f"f:{fid}": 1 for fid in digests}})
     pipe.expire(record_key(session_id), int(ttl + RECORD_GRACE_S))

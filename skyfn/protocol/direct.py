@@ -13,8 +13,9 @@ may run what and still keeps the record:
    function ids it will call). The service applies the same checks as `POST /tasks`
    (endpoint access, the endpoint's allowlist, function ownership), records the session
    and answers a token: claims signed with the agent's session key (HMAC-SHA256). The
-   claims name the endpoint, the user, the expiry and the digest of every function body
-   the session may run.
+   claims name the endpoint, the user, the expiry, the digest of every function body
+   the session may run and each function's registered owner and name (what the agent's
+   `{owner, name}` allowlist entries match, as they match a polled pack's function_meta).
 3. The SDK connects to the agent (CurveZMQ: encrypted, the agent authenticated by its
    key) and sends task packs with the token. The agent verifies the token (signature,
    endpoint, expiry) and each function body against its digest, runs the tasks like any
@@ -100,10 +101,14 @@ def _unb64(text: str) -> bytes:
 
 
 def mint_token(session_key: str, *, session_id: str, owner: str, endpoint_id: str,
-               functions: dict[str, str], ttl: float = DEFAULT_SESSION_TTL_S, now: Optional[float] = None) -> tuple[str, float]:
-    """A signed session token and its expiry. `functions`: function id -> body digest."""
+               functions: dict[str, str], ttl: float = DEFAULT_SESSION_TTL_S, now: Optional[float] = None,
+               names: Optional[dict[str, tuple[Optional[str], Optional[str]]]] = None) -> tuple[str, float]:
+    """A signed session token and its expiry. `functions`: function id -> body digest;
+    `names`: function id -> (its owner, its registered name), claim "fnm"."""
     exp = (time.time() if now is None else now) + ttl
     claims = {"sid": session_id, "sub": owner, "ep": endpoint_id, "exp": round(exp, 3), "fns": functions}
+    if names:
+        claims["fnm"] = {fid: list(pair) for fid, pair in names.items()}
     body = _b64(json.dumps(claims, separators=(",", ":"), sort_keys=True).encode())
     sig = hmac.new(bytes.fromhex(session_key), body.encode(), hashlib.sha256).digest()
     return f"{body}.{_b64(sig)}", exp
@@ -126,6 +131,8 @@ def verify_token(session_key: str, token: str, endpoint_id: str, now: Optional[f
         exp, ep, fns = float(claims["exp"]), claims["ep"], claims["fns"]
         if not isinstance(fns, dict) or not isinstance(claims["sid"], str) or not isinstance(claims["sub"], str):
             raise TypeError("fns, sid, sub")
+        if not all(isinstance(v, list) and len(v) == 2 for v in (claims.get("fnm") or {}).values()):
+            raise TypeError("fnm")
     except (ValueError, TypeError, KeyError) as exc:
         raise DirectRefused(REFUSE_BAD_TOKEN, f"the session token's claims are malformed ({exc})") from None
     if ep != endpoint_id:

@@ -380,6 +380,43 @@ def test_the_agents_allowlist_applies_to_direct_tasks(tmp_path, queues):
         rig.close()
 
 
+def test_owner_and_name_entries_match_the_names_the_token_carries(tmp_path, queues):
+    """An `{owner, name}` allowlist entry lets a direct task run when the service's token
+    names that owner and name for its function, as a polled pack's function_meta would;
+    another name, or a token that names none, is refused as on the queue path."""
+    rig = Rig(tmp_path, queues, allowed_functions=[{"owner": "alice", "name": "square"}])
+    try:
+        sdk = Sdk(rig.ix, rig.ctx)
+        digest = {"f1": dp.body_digest(SQUARE)}
+        for prefix, names in (("named", {"f1": ("alice", "square")}), ("other", {"f1": ("bob", "square")}),
+                              ("unnamed", None)):
+            token, _ = dp.mint_token(rig.ix.direct.session_key, session_id="sess-1", owner="alice",
+                                     endpoint_id="ep", functions=digest, ttl=60.0, names=names)
+            sdk.submit(token, _tasks(prefix, 2, args=lambda i: (i + 3,)), {"f1": SQUARE})
+            got = sdk.results([f"{prefix}0", f"{prefix}1"])
+            if prefix == "named":
+                assert [deserialize(got[f"named{i}"]["result"]) for i in range(2)] == [9, 16]
+                assert {r["state"] for r in got.values()} == {"SUCCEEDED"}
+            else:
+                assert {r["state"] for r in got.values()} == {"FAILED"}, got
+                assert all("allowed_functions" in r["reason"] and "f1" in r["reason"] for r in got.values()), got
+        sdk.close()
+    finally:
+        rig.close()
+
+
+def test_a_token_whose_names_are_malformed_is_refused():
+    key = dp.new_session_key()
+    import hashlib
+    import hmac
+
+    claims = {"sid": "s", "sub": "alice", "ep": "ep", "exp": time.time() + 60, "fns": {}, "fnm": {"f1": "alice"}}
+    body = dp._b64(orjson.dumps(claims))  # signed with the right key, but "fnm" is not [owner, name]
+    sig = dp._b64(hmac.new(bytes.fromhex(key), body.encode(), hashlib.sha256).digest())
+    with pytest.raises(dp.DirectRefused, match="claims are malformed"):
+        dp.verify_token(key, f"{body}.{sig}", "ep")
+
+
 def test_info_is_what_heartbeats_publish_and_stays_out_of_stats(rig, tmp_path):
     from endpoint_agent.interchange import ensure_server_keys
 

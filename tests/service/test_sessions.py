@@ -162,10 +162,15 @@ def test_a_session_token_verifies_with_the_published_key_over_the_bodies_the_age
     # the digests are of the very bodies a task pack carries to the agent
     for fid in world["fns"]:
         assert submit(api, world["ep"], fid)[0] == 202
-    bodies = {}
+    bodies, meta = {}, {}
     for _, fields in deps.redis_client().xrange(world["reg"]["task_queue"]["name"]):
-        bodies.update(TaskPack.model_validate_json(fields[b"b"]).functions)
+        pack = TaskPack.model_validate_json(fields[b"b"])
+        bodies.update(pack.functions)
+        meta.update(pack.function_meta)
     assert claims["fns"] == {fid: body_digest(bodies[fid]) for fid in world["fns"]}
+    # and the owner and name the agent's allowlist matches, as a polled pack states them
+    assert claims["fnm"] == {fid: [meta[fid]["owner"], meta[fid]["name"]] for fid in world["fns"]}
+    assert claims["fnm"] == dict(zip(world["fns"], (["alice", "inc"], ["alice", "dec"])))
     # the session record: its owner, endpoint and functions, kept past the token for late results
     r = deps.redis_client()
     rec = r.hgetall(f"ds:{opened['session_id']}")
