@@ -91,7 +91,10 @@ def client_main(client: int, n: int, pace_seconds: float, log_dir: str, out: str
 
 class Killer(threading.Thread):
     """Kills a random victim every uniform(*interval) seconds until stopped; restarts what
-    the runtime does not restart itself. Records every kill."""
+    the runtime does not restart itself. Records every kill. A victim that is not there at
+    its turn (a manager while its agent restarts, the service while its pid file is
+    rewritten) is tried again later in the round (up to three times), not skipped; once
+    `wanted` is set, rounds hold only the kinds killed fewer times than that."""
 
     def __init__(self, home: Path, interval: tuple[float, float], victims=VICTIMS, seed: int = 0,
                  outage: tuple[float, float] = (0.5, 3.0)):
@@ -103,27 +106,38 @@ class Killer(threading.Thread):
         self.outage = outage
         self.kills: list[dict] = []
         self.errors: list[str] = []
+        self.wanted: int | None = None
         self._halt = threading.Event()
 
     def stop(self) -> None:
         self._halt.set()
 
+    def counts(self) -> collections.Counter:
+        return collections.Counter(k["victim"] for k in list(self.kills))
+
     def least_killed(self) -> int:
         """Kills of the kind killed least so far."""
-        counts = collections.Counter(k["victim"] for k in list(self.kills))
+        counts = self.counts()
         return min(counts.get(v, 0) for v in self.victims)
 
     def run(self) -> None:
         bag: list[str] = []
+        misses: collections.Counter = collections.Counter()
         while not self._halt.wait(self.rng.uniform(*self.interval)):
-            if not bag:  # every kind once per round, in a random order
-                bag = list(self.victims)
+            if not bag:  # every kind once per round (or those still wanted), in a random order
+                counts = self.counts()
+                bag = [v for v in self.victims if self.wanted is None or counts.get(v, 0) < self.wanted]
+                bag = bag or list(self.victims)
                 self.rng.shuffle(bag)
+                misses.clear()
             victim = bag.pop()
             try:
                 pid = self.kill(victim)
                 if pid is not None:
                     self.kills.append({"victim": victim, "pid": pid, "at": time.time()})
+                elif misses[victim] < 3:
+                    misses[victim] += 1
+                    bag.insert(0, victim)  # not there now: again at the end of this round
             except Exception as exc:  # noqa: BLE001 - the run goes on; the report shows it
                 self.errors.append(f"{victim}: {type(exc).__name__}: {exc}")
 
@@ -226,6 +240,7 @@ def run(tasks: int = 20000, clients: int = 4, pace: float = 120.0, interval: tup
         # and on, up to another `pace`, until every kind died `min_kills` times: on a slow
         # machine restarts take longer and fewer kills fit in the pace
         until = time.time() + pace
+        killer.wanted = min_kills
         while killer.least_killed() < min_kills and time.time() < until:
             time.sleep(0.2)
         killer.stop()
