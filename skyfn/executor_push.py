@@ -179,10 +179,10 @@ class PushedResults:
                 self._apply(msgs)
 
     def quiet_check(self) -> None:
-        self.stats["quiet_checks"] += 1
         # from the cursor first; once that keeps finding nothing, every outstanding id (a
         # task whose completion the cursor already passed is found this way, whatever the cause)
         found = self.resync(full=self.quiet >= FULL_CHECK_AFTER_S)
+        self.stats["quiet_checks"] += 1  # counted once its answer is applied
         self.last_heard = time.monotonic()
         self.quiet = QUIET_FIRST_S if found else min(QUIET_MAX_S, self.quiet * 2)
 

@@ -68,8 +68,9 @@ def test_a_task_cancelled_by_its_owner_resolves_by_push(client, endpoint_id, own
         assert ex.push_stats["connected"]
         fut = ex.submit(hold, flag, 60)
         tid = _running(ex, owner, fut)
-        # cancel right after a quiet-spell check: the next one is at least 2 s away, so a
-        # resolution well within that came by push
+        # cancel right after a quiet-spell check (counted once its status answer is applied:
+        # a status read still in flight could take the cancel before the push): the next one
+        # is at least 2 s away, so a resolution well within that came by push
         checks = ex.push_stats["quiet_checks"]
         _wait_for(lambda: ex.push_stats["quiet_checks"] > checks, 30, "a quiet-spell check")
         before = ex.push_stats
