@@ -25,6 +25,12 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -x tests/unit tests/service
 
+# issue 22: the import rules (.importlinter: layers, lambdas | endpoint_agent independent, no
+# circles inside any package); `make test` checks them too (tests/unit/test_import_contracts.py)
+.PHONY: lint-imports
+lint-imports: install
+	$(VENV)/bin/lint-imports --no-cache
+
 # Benchmarks run their peers (Parsl HTEX, Globus Compute's engine) in the same run.
 bench: bench-e2e bench-agent bench-warming
 

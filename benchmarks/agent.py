@@ -10,7 +10,7 @@ stopped here; one that cannot run says why and its figures are null. `--only sky
 means interchange,manager.
 
 - skyfn agent (`interchange`; JSON `skyfn_ix_*`, and the headline `skyfn_*` keys): the
-  agent's real Interchange (endpoint_agent/interchange.py) in this process, stepped like
+  agent's real Interchange (endpoint_agent/interchange/interchange.py) in this process, stepped like
   the agent's main loop steps it (`step(LOOP_WAIT_S)`), with its real local manager
   (started by the interchange, over its ipc address) and 2 real workers. TaskPacks of 512
   are handed over with `deliver()` as the poller thread does (while load < capacity);
@@ -266,7 +266,7 @@ class _Outbox:
 
 
 def bench_interchange(n: int, rtt_n: int, workers: int, pack_size: int = 512) -> dict:
-    """The agent's real Interchange (endpoint_agent/interchange.py), stepped here the way
+    """The agent's real Interchange (endpoint_agent/interchange/interchange.py), stepped here the way
     the agent's main loop steps it, with its local manager and workers. TaskPacks are
     delivered like the poller thread delivers them (while load < capacity); results are
     the ResultPack bodies the interchange puts to the outbox."""

@@ -11,7 +11,7 @@ not restated: Lambda memory and architecture (infra/aws/config.py), tasks per SQ
 its byte limit (skyfn.protocol.queues.sqs), results per result message
 (endpoint_agent.config result_batch) and flush period, results per Lambda batch
 (RESULTS_BATCH_SIZE), history writes per flush (lambdas/config.py), tasks per fan-out
-chunk (lambdas.core.batches.CHUNK_TASKS) and the states of batch_fanout.asl.json. What is
+chunk (lambdas.core.runs.batches.CHUNK_TASKS) and the states of batch_fanout.asl.json. What is
 assumed (no AWS account here: durations, sizes, poll counts) is in ASSUMPTIONS, printed
 with the result. Fixed monthly costs (NAT gateway, Redis nodes, endpoints, NLB, Fargate)
 are reported apart; ElastiCache is also amortized per task at a stated throughput.
@@ -29,7 +29,7 @@ import yaml
 from endpoint_agent.config import EndpointConfig
 from infra.aws.config import (ARCHITECTURE, AVAILABILITY_ZONES, FUNCTIONS, INTERFACE_ENDPOINTS, RESULTS_BATCH_SIZE,
                               DeployConfig)
-from lambdas.core.batches import CHUNK_TASKS
+from lambdas.core.runs.batches import CHUNK_TASKS
 from skyfn.protocol.messages import PACK_MAX_BYTES, PACK_MAX_TASKS
 from skyfn.protocol.queues.sqs import BATCH_BYTES as SQS_BATCH_BYTES
 from skyfn.protocol.queues.sqs import BATCH_SIZE as SQS_BATCH_SIZE

@@ -9,8 +9,8 @@ consumer forces resolution and reports the monotonic clock, which is system-wide
 ends read one clock). Median over repetitions after two warm-ups per cell; the systems
 take turns within each repetition, so the shared machine's noise falls on all alike.
 
-skyfn connectors: redis, file, s3 (moto in server mode), direct (when
-skyfn/data/connectors/direct.py exists, else reported "not available"). ProxyStore 1.1.0
+skyfn connectors: redis, file, s3 (moto in server mode), direct (its peer started by
+benchmarks/object_server.py when it can be, else reported "not available"). ProxyStore 1.1.0
 (`make bench-deps`) in the same run with its RedisConnector and FileConnector against the
 same redis-server (our own, started here with a password, stopped by PID) and the same
 directory. The last line is one JSON object (--json); ratios are ours / ProxyStore's time
@@ -70,12 +70,9 @@ class Consumer:
 def direct_store(secret: str):
     """(Store, config for the consumer) of the direct connector, or (None, why not)."""
     try:
-        from skyfn.data.connectors import direct  # noqa: F401
+        from benchmarks.object_server import benchmark_connector as factory
     except ImportError as exc:
-        return None, f"not available: skyfn/data/connectors/direct.py is not there yet ({exc})"
-    factory = getattr(direct, "benchmark_connector", None)
-    if factory is None:
-        return None, "not available: skyfn.data.connectors.direct has no benchmark_connector() to start a peer here"
+        return None, f"not available: benchmarks/object_server.py cannot start a peer here ({exc})"
     from skyfn.data import Store
 
     try:
@@ -172,9 +169,9 @@ def main() -> None:
         if consumer is not None:
             consumer.close()
         if "direct" in stores:
-            from skyfn.data.connectors import direct
+            from benchmarks.object_server import stop_benchmark
 
-            direct.stop_benchmark()
+            stop_benchmark()
         redis_srv.stop()
         if moto is not None:
             moto.stop()

@@ -3,7 +3,7 @@
     python -m benchmarks.data_direct [--json] [--sizes 1kib,1mib,100mib] [--reps-small 30] [--reps-large 7] [--netns]
 
 On loopback: a rendezvous server and the object server (child processes, started by
-`skyfn.data.connectors.direct.benchmark_connector`), a password-protected redis-server
+`benchmarks.object_server.benchmark_connector`), a password-protected redis-server
 (ours, stopped by PID), this process as the producer and one spawned consumer process.
 For each size a numpy uint8 array of that many bytes is put as a ref (`store.ref(array,
 evict=True)`), the pickled ref goes over a pipe, and the consumer resolves it and reports
@@ -107,7 +107,7 @@ class Setup:
     def __enter__(self) -> "Setup":
         from infra.local.processes import start_redis
         from skyfn.data import Store
-        from skyfn.data.connectors.direct import benchmark_connector
+        from benchmarks.object_server import benchmark_connector
         from skyfn.data.connectors.redis import RedisConnector
 
         self.work = Path(tempfile.mkdtemp(prefix="skyfn-bench-direct-"))
@@ -120,7 +120,7 @@ class Setup:
         return self
 
     def __exit__(self, *exc) -> None:
-        from skyfn.data.connectors.direct import stop_benchmark
+        from benchmarks.object_server import stop_benchmark
 
         self.pair.close()
         stop_benchmark()
@@ -171,7 +171,7 @@ class NetnsSetup:
             wait_listening(topo, topo.public_ns, self.PORT_REDIS, proc=redis)
             name, directory, ready = "objects.bench-producer", str(self.work / "objects"), self.work / "ready.json"
             rdv = f"{pub}:{self.PORT_RDV}"
-            topo.python(topo.sites[0].ns, ["-m", "endpoint_agent.object_server", "--rendezvous", rdv, "--name", name,
+            topo.python(topo.sites[0].ns, ["-m", "endpoint_agent.data.object_server", "--rendezvous", rdv, "--name", name,
                                            "--store", "bench-direct", "--directory", directory, "--endpoint-id",
                                            "bench-producer", "--ready-file", str(ready), "--log-level", "warning"],
                         env={"SKYFN_RENDEZVOUS_SECRET": rdv_secret, "SKYFN_DIRECT_STORE_SECRET": SECRET},

@@ -7,7 +7,7 @@ repetition opens a direct session (``Executor(direct=True)``, ``direct_timeout``
 a map of ``--tasks`` 2 ms tasks, and once 200 have finished SIGKILLs the agent and every
 process under it. It measures the time from the kill to the session's loss (its tasks in
 flight handed to the service: ``direct_stats["lost"]``), then restarts the agent and checks
-that every task resolved once with its value. Before the socket monitor (skyfn/executor_direct.py)
+that every task resolved once with its value. Before the socket monitor (skyfn/executor/direct.py)
 the loss was seen only after ``direct_timeout`` of silence.
 """
 from __future__ import annotations

@@ -47,7 +47,7 @@ def _direct(client, fid: str, endpoint: str, n: int) -> dict:
 
 
 def _batch(client, fid: str, n: int) -> dict:
-    from skyfn.workflows import submit_batch
+    from skyfn.runs import submit_batch
 
     t0 = time.perf_counter()
     batch = submit_batch(client, fid, [(i,) for i in range(n)], "local", max_retries=0, poll_seconds=2)

@@ -26,7 +26,7 @@ the results stream. Cold starts: the agent's status.json (the managers' heartbea
 this process plays the manager, endpoint_agent.containers.warm_pool decides), as before.
 
 Reported: completion time of the batch, cold starts, and the reduction of completion time
-(funcX reported up to 61%). Containers are real: every worker is `endpoint_agent.worker`
+(funcX reported up to 61%). Containers are real: every worker is `endpoint_agent.manager.worker`
 inside a container started by the runtime (default podman: `podman run --rm --rootfs
 <skeleton> --network host`, the host's /usr and Python bound read-only; a cold start is
 container creation + interpreter start + imports until the worker's READY). The cold-start

@@ -4,6 +4,12 @@ One agent process per endpoint holds the service link (registration, heartbeats)
 queue poller, the interchange and the result outbox; it starts one manager process,
 which runs N worker processes. See DESIGN.md section 8 and docs/contracts.md.
 
+Packages by role: `interchange` (the hub and its parts), `manager` (a node's manager and
+its workers), `direct` (direct sessions), `data` (data plane, object server, staging),
+`service` (the link to the service), `scaling`, `providers`, `containers`; the agent, its
+CLI and config, and small shared modules (wire, task records, slots, paths) at the top
+(endpoint_agent/README.md).
+
 Programmatic use, without the service (queues given directly)::
 
     from endpoint_agent.agent import Agent

@@ -22,13 +22,13 @@ import time
 from typing import Any
 
 from endpoint_agent import __version__
-from endpoint_agent import credential
 from endpoint_agent.config import EndpointConfig, resolve_service
 from endpoint_agent.interchange import Interchange
-from endpoint_agent.link import Heartbeater, ServiceLink
-from endpoint_agent.outbox import Outbox
 from endpoint_agent.paths import EndpointPaths
-from endpoint_agent.poller import ControlPoller, Poller
+from endpoint_agent.service import credential
+from endpoint_agent.service.link import Heartbeater, ServiceLink
+from endpoint_agent.service.outbox import Outbox
+from endpoint_agent.service.poller import ControlPoller, Poller
 from endpoint_agent.status import write_status
 from skyfn.protocol.api import QueueDescriptor
 
@@ -63,7 +63,7 @@ class Agent:
         self.outbox: Outbox | None = None
         self.link: ServiceLink | None = None
         self.heartbeater: Heartbeater | None = None
-        self.data = None  # endpoint_agent.data_plane.EndpointData when the config has a data section
+        self.data = None  # endpoint_agent.data.plane.EndpointData when the config has a data section
         self._queues: list = []  # every queue opened, to hand a rotated credential to (Redis)
 
     # --- control ----------------------------------------------------------------
@@ -185,7 +185,7 @@ class Agent:
     def _report_allowlist(self) -> None:
         """Connected with a kept credential (no registration): tell the service the allowlist
         now, before any task is received, rather than at the first heartbeat."""
-        from endpoint_agent.link import ServiceError
+        from endpoint_agent.service.link import ServiceError
 
         assert self.link is not None and self.endpoint_id is not None
         try:
@@ -198,7 +198,7 @@ class Agent:
         SKYFN_ENDPOINT_CREDENTIAL); None when there is none or the service refuses it (it
         was rotated or revoked: the owner's token registers again)."""
         from endpoint_agent.config import ConfigError, resolve_url
-        from endpoint_agent.link import ServiceError
+        from endpoint_agent.service.link import ServiceError
 
         cred = credential.load(self.paths.credential)
         if cred is None:
@@ -301,7 +301,7 @@ class Agent:
         except InterruptedError:
             return 0
         if cfg.data is not None:  # before the managers start: they inherit SKYFN_DATA_STORES
-            from endpoint_agent.data_plane import EndpointData
+            from endpoint_agent.data.plane import EndpointData
 
             self.data = EndpointData(cfg.data, self.paths.dir, self.endpoint_id).start()
         self.outbox = Outbox(ack_queue, results_queue, cfg.lease_seconds)

@@ -90,7 +90,7 @@ def start(name: str,
 
 def _run_foreground(name: str, paths: EndpointPaths, config) -> int:
     from endpoint_agent.agent import Agent
-    from endpoint_agent.link import ServiceError
+    from endpoint_agent.service.link import ServiceError
 
     logging.basicConfig(level=config.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
@@ -147,7 +147,7 @@ def stop(name: str, timeout: Optional[float] = typer.Option(None, help="seconds 
     paths = _paths(name)
     pid = running_pid(paths.pid)
     if pid is None:
-        from endpoint_agent.data_plane import end_leftover_redis
+        from endpoint_agent.data.plane import end_leftover_redis
 
         left = end_leftover_redis(paths.dir)  # an agent killed hard leaves its data Redis up
         typer.echo(f"endpoint {name} is not running" + (f" (ended its data redis-server, pid {left})" if left else ""))

@@ -20,16 +20,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from endpoint_agent import allowlist
-
-from endpoint_agent.data_config import DataConfig
+from endpoint_agent.data.config import DataConfig
+from endpoint_agent.errors import ConfigError
 from endpoint_agent.paths import EndpointPaths, skyfn_home
 from skyfn.protocol.allowlist import AllowedFunction
 from skyfn.protocol.api import QueueDescriptor
 from skyfn.protocol.messages import PACK_MAX_TASKS
-
-
-class ConfigError(Exception):
-    """A configuration file that cannot be used; the message says what to change."""
 
 
 def _cpu_count() -> int:
@@ -73,7 +69,7 @@ ALLOWED: dict[str, str] = {
     "cores": "an integer from 1 to 65536",
     "accelerators": "a list of accelerator ids such as ['0', '1'], or 'auto' (CUDA_VISIBLE_DEVICES)",
     "placement_policy": "an aAPP policy (YAML text) choosing managers by function tag; see docs/placement.md",
-    "data": "a mapping (endpoint_agent.data_config: default, redis, stores, globus, direct): the endpoint's "
+    "data": "a mapping (endpoint_agent.data.config: default, redis, stores, globus, direct): the endpoint's "
             "data stores",
     "allowed_functions": "a list of function ids (UUIDs) and {owner, name} mappings: the only functions that may "
                          "run here (endpoint_agent/allowlist.py)",
@@ -89,7 +85,7 @@ def is_loopback(address: str) -> bool:
 
 
 class DirectConfig(BaseModel):
-    """`direct:`: the socket SDKs send direct-session task packs to (endpoint_agent/direct.py)."""
+    """`direct:`: the socket SDKs send direct-session task packs to (endpoint_agent/direct/server.py)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -154,7 +150,7 @@ class EndpointConfig(BaseModel):
     max_output_bytes: int = Field(default=64 * 1024, ge=0, le=16 * 1024 * 1024)
     cores: Optional[int] = Field(default=None, ge=1, le=65536)
     accelerators: Union[Literal["auto"], list[str]] = "auto"
-    # aAPP policy text: the interchange places tasks on managers with it (endpoint_agent/placement.py)
+    # aAPP policy text: the interchange places tasks on managers with it (endpoint_agent/interchange/placement.py)
     placement_policy: Optional[str] = Field(default=None, min_length=1, max_length=256 << 10)
     # the endpoint's data stores (skyfn.data): its Redis, named stores, Globus, direct
     data: Optional[DataConfig] = None
@@ -226,11 +222,10 @@ class EndpointConfig(BaseModel):
     @model_validator(mode="after")
     def _placement(self) -> "EndpointConfig":
         if self.placement_policy is not None:
-            from endpoint_agent.placement import parse_policy
-            from skyfn.placement import PolicyError
+            from skyfn.placement import PolicyError, load_policy
 
             try:
-                parse_policy(self.placement_policy)
+                load_policy(self.placement_policy, source="placement_policy")
             except PolicyError as exc:
                 raise ValueError("placement_policy rejected: " + "; ".join(str(p) for p in exc.problems)
                                  + " (lines count from the first line of the policy text)") from None

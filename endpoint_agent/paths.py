@@ -53,7 +53,7 @@ class EndpointPaths:
 
     @property
     def credential(self) -> Path:
-        """The endpoint's own credential (0600; endpoint_agent/credential.py)."""
+        """The endpoint's own credential (0600; endpoint_agent/service/credential.py)."""
         return self.dir / "credential"
 
     def ensure(self) -> "EndpointPaths":

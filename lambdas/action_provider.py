@@ -1,5 +1,5 @@
 """The Globus Flows Action Provider routes, under /flows-ap, in front of skyfn task submission
-(lambdas/core/actions.py), authenticated with the same tokens as every other route (a
+(lambdas/core/runs/actions.py), authenticated with the same tokens as every other route (a
 Globus Auth token behind API Gateway's authorizer in AWS; the embedded runtime's tokens).
 
     GET    /flows-ap                          introspect (ActionProviderDescription)
@@ -23,7 +23,7 @@ from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 
-from lambdas.core import actions
+from lambdas.core.runs import actions
 from skyfn.protocol.actions import PREFIX, ActionLog, ActionProviderDescription, ActionRequest, ActionStatus
 from skyfn.protocol.api import ErrorBody
 

@@ -23,9 +23,10 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from lambdas.auth import Unauthorized, identify
-from lambdas.core import guard, limits  # security: agent routes, rate limits, size limits (H9)
+from lambdas.core.identity import guard, limits  # security: agent routes, rate limits, size limits (H9)
 from lambdas.config import settings
-from lambdas.core import batches, flows, registry, runs, sessions, tasks
+from lambdas.core.tasks import registry, sessions, tasks
+from lambdas.core.runs import batches, flows, runs
 from lambdas.core.errors import ServiceError, TooLarge
 from skyfn.protocol.api import (
     MAX_REQUEST_BYTES,
@@ -48,8 +49,8 @@ from skyfn.protocol.api import (
     TaskList,
     TaskStatus,
 )
-from skyfn.protocol.workflows import BatchStatus, BatchSubmitted, RunFlow, RunGroup, RunStarted, RunStatus, SubmitBatch
-from lambdas.core import groups  # endpoint groups (placement)
+from skyfn.protocol.runs import BatchStatus, BatchSubmitted, RunFlow, RunGroup, RunStarted, RunStatus, SubmitBatch
+from lambdas.core.tasks import groups  # endpoint groups (placement)
 from skyfn.protocol.api import CreateEndpointGroup, EndpointGroupInfo
 
 logger = Logger(service="skyfn-api")
@@ -159,7 +160,7 @@ def get_function(function_id: IdPath):
 @app.post("/endpoints", responses={**_ok(201, EndpointRegistered), **_ok(200, EndpointRegistered),
                                    **_errors(401, 422)})
 def register_endpoint(body: Annotated[RegisterEndpoint, Body()]):
-    from lambdas.core import agent_keys
+    from lambdas.core.identity import agent_keys
 
     info, created = registry.register_endpoint(_user(), body)
     # the endpoint's own credential for its agent (rotated now) and queues it reaches
@@ -218,7 +219,7 @@ def list_tasks(since: Annotated[float, Query(ge=0)] = 0.0,
                limit: Annotated[int, Query(ge=1, le=20_000)] = 10_000,
                history: Annotated[bool, Query()] = True):
     """The caller's tasks created since `since` (epoch seconds), newest first, with events."""
-    from lambdas.core import task_list
+    from lambdas.core.tasks import task_list
 
     return _json(200, task_list.list_tasks(_user(), since, endpoint_id, limit, history))
 
@@ -247,7 +248,7 @@ def get_endpoint_group(group_id: IdPath):
     return _json(200, groups.info(_user(), group_id))
 
 
-# --- workflows (Step Functions; docs/workflows.md) ------------------------------------
+# --- runs: batches, flows, SPMD groups (Step Functions; docs/runs.md) --------------
 @app.post("/batches", responses={**_ok(202, BatchSubmitted), **_ok(200, BatchSubmitted),
                                  **_errors(401, 403, 404, 409, 413, 422, 503)})
 def submit_batch(body: Annotated[SubmitBatch, Body()]):
@@ -278,7 +279,7 @@ def run_status(run_id: IdPath):
 
 @app.exception_handler(BotoCoreError)
 @app.exception_handler(ClientError)
-def _workflow_service_down(exc: Exception) -> Response:
+def _run_service_down(exc: Exception) -> Response:
     logger.warning("AWS call failed", exc_info=exc)
     return _error(503, "unavailable", f"the workflow service did not answer ({type(exc).__name__}); retry shortly")
 

@@ -2,13 +2,13 @@
 
 Three kinds of callers, one answer (an Identity):
 - a user with a JWT of the configured issuer (`Authorization: Bearer <jwt>`), verified
-  here by lambdas.core.jwt_keys: the embedded runtime's ES256 key, an OIDC issuer's
+  here by lambdas.core.identity.jwt_keys: the embedded runtime's ES256 key, an OIDC issuer's
   published keys (Cognito, Globus Auth), or a shared secret;
 - a user whose JWT API Gateway's authorizer already verified (SKYFN_AUTH_PROVIDER
   cognito or globus): the identity is read from `requestContext.authorizer`, which only
   API Gateway can set;
 - an endpoint agent with its endpoint's credential (`Bearer skyfn-agent.<id>.<secret>`,
-  lambdas.core.agent_keys), which names the endpoint, never a user.
+  lambdas.core.identity.agent_keys), which names the endpoint, never a user.
 Tokens never reach a log or an error message.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from lambdas.config import GATEWAY_PROVIDERS
-from lambdas.core import jwt_keys
+from lambdas.core.identity import jwt_keys
 
 AUDIENCE = "skyfn"
 
@@ -59,7 +59,7 @@ def bearer(authorization: str | None) -> str:
 def authenticate(authorization: str | None, settings: Any = None) -> Identity:
     """The identity of an `Authorization: Bearer ...` header (user JWT or agent credential)."""
     from lambdas.config import settings as current
-    from lambdas.core import agent_keys
+    from lambdas.core.identity import agent_keys
 
     s = settings or current()
     token = bearer(authorization)

@@ -29,7 +29,7 @@ class Settings:
     sqs_queue_prefix: str
     history_ttl_days: float = 0.0  # 0: the durable history never expires
     memo_ttl: float = 7 * 24 * 3600.0  # how long a memoized result answers repeat calls
-    # authentication and limits (lambdas/auth.py, lambdas/core/limits.py)
+    # authentication and limits (lambdas/auth.py, lambdas/core/identity/limits.py)
     auth_provider: str = "jwt"       # jwt: verify tokens here; cognito|globus: API Gateway's authorizer did
     auth_audience: str = "skyfn"
     auth_jwks: str = ""              # inline JWKS document

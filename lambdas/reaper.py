@@ -1,7 +1,7 @@
 """The reaper Lambda (scheduled): endpoints without heartbeats go offline, expired
 leases go back to QUEUED (or FAILED past their retry budget), tasks dead-lettered by a
 queue are failed with the reason, and results past their TTL leave the hot store. The
-tasks it fails are pushed to their owners' connections like results (lambdas/core/push.py)."""
+tasks it fails are pushed to their owners' connections like results (lambdas/core/tasks/push.py)."""
 from __future__ import annotations
 
 import orjson
@@ -9,7 +9,8 @@ from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from lambdas.config import settings
-from lambdas.core import deps, push, registry
+from lambdas.core import deps
+from lambdas.core.tasks import push, registry
 
 logger = Logger(service="skyfn-reaper")
 

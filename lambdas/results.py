@@ -2,7 +2,7 @@
 event source with partial batch failures) and applies them to the hot store with
 compare-and-set scripts: a final state is written once, progress never goes backwards,
 duplicates from redelivered packs are counted and dropped. Results of direct sessions
-(those with a `session`) are recorded as tasks of their own (lambdas/core/direct_results.py)."""
+(those with a `session`) are recorded as tasks of their own (lambdas/core/tasks/direct_results.py)."""
 from __future__ import annotations
 
 import time
@@ -13,7 +13,8 @@ from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, pro
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from lambdas.core import blobs, deps, direct_results, push, stage_metrics
+from lambdas.core import deps
+from lambdas.core.tasks import blobs, direct_results, push, stage_metrics
 from skyfn.protocol.messages import ResultPack
 from skyfn.protocol.states import format_events
 

@@ -13,7 +13,9 @@ from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path
 
-from lambdas.core import access, agent_keys, audit, blobs, rendezvous_tokens, teams
+from lambdas.core.identity import access, agent_keys, teams
+from lambdas.core.tasks import audit, blobs
+from lambdas.core.runs import rendezvous_tokens
 from lambdas.core.errors import Forbidden, NotFound
 from skyfn.protocol.api import EndpointRegistered, ErrorBody
 from skyfn.protocol.security import (
@@ -64,7 +66,8 @@ def _user() -> str:
 
 def owner_of(kind: str, obj_id: str) -> str | None:
     """The owner of a function, endpoint or endpoint group; None if there is none."""
-    from lambdas.core import deps, registry
+    from lambdas.core import deps
+    from lambdas.core.tasks import registry
     from lambdas.core.ids import is_uuid
 
     if kind == "endpoint":
@@ -166,7 +169,7 @@ def revoke_credential(endpoint_id: IdPath):
 def connect(endpoint_id: IdPath):
     """An agent learns its queues (and, on SQS, fresh session credentials): with its
     endpoint's credential, no user token needed, or with a token of a user who manages it."""
-    from lambdas.core import registry
+    from lambdas.core.tasks import registry
 
     ident = _identity()
     owner = owner_of("endpoint", endpoint_id)

@@ -13,7 +13,7 @@ its gateway (infra/local/push_hub.py).
   (``"peek": true``: an observer, stored as the item's ``peek``, whose deliveries do not
   count as results retrieved) and answers (route response) with the user's
   completion-stream cursor; $disconnect deletes
-  it; anything else gets an error message. lambdas/core/push.py posts to subscribed
+  it; anything else gets an error message. lambdas/core/tasks/push.py posts to subscribed
   connections from the results function.
 """
 from __future__ import annotations
@@ -84,7 +84,8 @@ def authorizer(event: dict, context: Any) -> dict:
 
 
 def handler(event: dict, context: Any) -> dict:
-    from lambdas.core import deps, push
+    from lambdas.core import deps
+    from lambdas.core.tasks import push
 
     ctx = event.get("requestContext") or {}
     route, connection_id = ctx.get("routeKey"), ctx.get("connectionId", "")

@@ -567,7 +567,7 @@ class RendezvousServer:
         listener = self.listeners.get(msg.name)
         if listener is None or listener.closed:
             conn.fail(P.NO_LISTENER, f"no object server listens as {msg.name}: start it (python -m "
-                                     "endpoint_agent.object_server, or `data: direct:` in the endpoint's "
+                                     "endpoint_agent.data.object_server, or `data: direct:` in the endpoint's "
                                      "config) or check the name")
             return
         group = f"{msg.name}@{secrets.token_hex(8)}"

@@ -172,7 +172,7 @@ def policy_check(
     raise typer.Exit(report.exit_code)
 
 
-# --- flow (Step Functions workflows; H6) ------------------------------------------------
+# --- flow (Step Functions state machines; H6)--------------------------------------------
 flow_app = typer.Typer(help="Flows of registered functions across endpoints (skyfn.flows), run as "
                             "Step Functions state machines.", no_args_is_help=True)
 app.add_typer(flow_app, name="flow")

@@ -12,11 +12,13 @@
 `require(extra, what)` checks, without importing anything, that the extra's modules can be
 found, and raises MissingExtra naming the command, the missing modules and the pip line.
 
-Plugins: the SDK imports nothing of infra/ or lambdas/. Commands of other parts reach it
-through entry points (importlib.metadata, as pytest finds its plugins): group `skyfn.cli`, a
-typer app the `skyfn` CLI adds as `skyfn NAME`; group `skyfn.login`, a function behind `skyfn
-login --NAME`. The embedded runtime registers `local` in both (infra/local/cli.py). A plugin
-that is not registered answers like a missing extra (`missing_plugin`).
+Plugins: the SDK imports nothing of infra/, lambdas/ or endpoint_agent/. Commands of other
+parts reach it through entry points (importlib.metadata, as pytest finds its plugins): group
+`skyfn.cli`, a typer app the `skyfn` CLI adds as `skyfn NAME`; group `skyfn.login`, a function
+behind `skyfn login --NAME`; group `skyfn.endpoint`, the `agent` the `skyfn-endpoint` console
+script runs. The embedded runtime registers `local` in the first two (infra/local/cli.py), the
+endpoint agent `agent` in the third (endpoint_agent/cli.py). A plugin that is not registered
+answers like a missing extra (`missing_plugin`).
 """
 from __future__ import annotations
 
@@ -60,6 +62,7 @@ def require(extra: str, what: str) -> None:
 
 CLI_PLUGINS = "skyfn.cli"
 LOGIN_PLUGINS = "skyfn.login"
+ENDPOINT_PLUGINS = "skyfn.endpoint"  # "agent": the main() of `skyfn-endpoint`
 # plugin name -> the extra that brings what it needs
 PLUGIN_EXTRAS: dict[str, str] = {"local": "local"}
 
@@ -80,11 +83,12 @@ def plugin(group: str, name: str) -> Optional[Any]:
     return None
 
 
-def missing_plugin(group: str, name: str, what: str) -> MissingExtra:
+def missing_plugin(group: str, name: str, what: str, extra: Optional[str] = None) -> MissingExtra:
     """The error for `what` when plugin `name` is not registered: the extra's missing modules
     and pip line, as `require` says it; if none is missing, that the plugin is not registered
-    (a checkout installed before its entry points existed: `pip install -e .` again)."""
-    extra = PLUGIN_EXTRAS.get(name, name)
+    (a checkout installed before its entry points existed: `pip install -e .` again).
+    `extra`: the one that brings the plugin (default: PLUGIN_EXTRAS, else its name)."""
+    extra = extra or PLUGIN_EXTRAS.get(name, name)
     try:
         require(extra, what)
     except MissingExtra as exc:
@@ -94,14 +98,18 @@ def missing_plugin(group: str, name: str, what: str) -> MissingExtra:
 
 
 def endpoint_main() -> None:
-    """The `skyfn-endpoint` console script: the agent's CLI, or how to install it."""
+    """The `skyfn-endpoint` console script: the agent's CLI (plugin `agent` of entry point group
+    skyfn.endpoint, which the endpoint agent registers), or how to install it."""
     import sys
 
+    what = "skyfn-endpoint (the endpoint agent)"
     try:
-        require("endpoint", "skyfn-endpoint (the endpoint agent)")
+        require("endpoint", what)
     except MissingExtra as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
-    from endpoint_agent.cli import main
-
+    main = plugin(ENDPOINT_PLUGINS, "agent")
+    if main is None:
+        print(f"error: {missing_plugin(ENDPOINT_PLUGINS, 'agent', what, extra='endpoint')}", file=sys.stderr)
+        raise SystemExit(1)
     main()

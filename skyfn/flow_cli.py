@@ -65,7 +65,7 @@ def parse_input(text: Optional[str], module) -> Any:
 def run(target: str, input_text: Optional[str], attr: Optional[str], wait: bool, timeout: float) -> tuple[int, str]:
     """(exit code, text to print)."""
     from skyfn import Client
-    from skyfn.workflows import RunFailed
+    from skyfn.runs import RunFailed
 
     module = load_module(target)
     flow = find_flow(module, attr)

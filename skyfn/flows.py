@@ -1,5 +1,6 @@
-"""Flows: workflows of registered functions across endpoints, built in Python and run
-by the service as Step Functions state machines (docs/workflows.md).
+"""Flows: a user's state machine of steps (registered functions on endpoints), built in
+Python and run by the service as a Step Functions state machine; each execution is a run
+(skyfn.runs, docs/runs.md).
 
     from skyfn.flows import Flow, Map, Parallel, Step
 
@@ -24,7 +25,7 @@ import re
 from typing import Any, Callable, Iterable, Optional, Union
 
 from skyfn.protocol.flowspec import FlowSpec, compile_flow
-from skyfn.workflows import Run, endpoint_id, function_id
+from skyfn.runs import Run, endpoint_id, function_id
 
 FunctionRef = Union[str, Callable[..., Any]]
 _SAFE = re.compile(r"[^A-Za-z0-9 _.:-]")

@@ -1,6 +1,7 @@
-"""The catalog of skyfn's Step Functions workflows: every state machine, its ASL file,
-and the Lambda step handlers it invokes. CDK (infra/aws) and the embedded runtime
-(stepfunctions.local_deploy) both deploy from this list, so they cannot drift apart.
+"""The catalog of skyfn's static Step Functions state machines (batch fan-out, SPMD group;
+flows are compiled per user): every state machine, its ASL file, and the Lambda step
+handlers it invokes. CDK (infra/aws) and the embedded runtime
+(infra.local.sfn.deploy) both deploy from this list, so they cannot drift apart.
 
 Placeholders: an ASL file refers to a step function as `${<Key>Arn}` (and, if a
 machine lists it in extra_placeholders, to the payload bucket as `${PayloadBucket}`; the
@@ -70,20 +71,20 @@ class StateMachine:
 
 
 ROUTE_CHUNK = LambdaStep(
-    key="RouteChunk", handler="lambdas.workflows.route_chunk.handler",
+    key="RouteChunk", handler="lambdas.sfn_steps.route_chunk.handler",
     description="Batch fan-out: reads one chunk of a staged batch from S3, routes and enqueues its tasks",
     timeout_seconds=120, memory_mb=1024, needs=("redis", "s3", "dynamodb", "sqs"))
 BATCH_PROGRESS = LambdaStep(
-    key="BatchProgress", handler="lambdas.workflows.batch_progress.handler",
+    key="BatchProgress", handler="lambdas.sfn_steps.batch_progress.handler",
     description="Batch fan-out: counts the batch's finished tasks (polled between Wait states); records chunks "
                 "that could not be routed (reads the chunk from S3, fails its tasks)",
     timeout_seconds=120, memory_mb=1024, needs=("redis", "s3"))
 RUN_TASK = LambdaStep(
-    key="RunTask", handler="lambdas.workflows.run_task.handler",
+    key="RunTask", handler="lambdas.sfn_steps.run_task.handler",
     description="Flows and SPMD ranks: submits one task through the service core and waits for its result",
     timeout_seconds=60, memory_mb=512, needs=("redis", "dynamodb", "sqs"))
 SPMD_INIT = LambdaStep(
-    key="SpmdInit", handler="lambdas.workflows.spmd_init.handler",
+    key="SpmdInit", handler="lambdas.sfn_steps.spmd_init.handler",
     description="SPMD group: creates the group id, its rendezvous token and one item per rank",
     timeout_seconds=30, memory_mb=256, needs=("redis", "dynamodb", "sqs", "rendezvous_secret"),
     env=("SKYFN_RENDEZVOUS_ADDRESS", "SKYFN_RENDEZVOUS_SECRET"), packages=("rendezvous",))

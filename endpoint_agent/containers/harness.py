@@ -1,4 +1,4 @@
-"""A process-level harness: real container workers (`endpoint_agent.worker` wrapped by a
+"""A process-level harness: real container workers (`endpoint_agent.manager.worker` wrapped by a
 Runtime), placed by the WarmPool, fed over ZeroMQ like the manager feeds them, without
 the interchange or the agent. The calling process plays the manager.
 
@@ -93,8 +93,8 @@ class ContainerPool:
         self.gen += 1
         identity = f"w{slot}.{self.gen}".encode()
         self.slots.reset(slot)
-        argv = [sys.executable, "-m", "endpoint_agent.worker", "--connect", self.addr, "--identity", identity.decode(),
-                "--slot", str(slot), "--slots", str(self.n), "--slots-fd", str(self.slots.fd),
+        argv = [sys.executable, "-m", "endpoint_agent.manager.worker", "--connect", self.addr,
+                "--identity", identity.decode(), "--slot", str(slot), "--slots", str(self.n), "--slots-fd", str(self.slots.fd),
                 "--parent", str(os.getpid())]
         launch = self.runtime.wrap(ctype, argv, pass_fds=(self.slots.fd,),
                                    name=f"skyfn-w-{os.getpid()}-{slot}-{self.gen}")

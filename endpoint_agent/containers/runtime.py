@@ -2,7 +2,7 @@
 runs inside a container of a given *type*.
 
     rt = make_runtime(ContainerConfig(runtime="podman", types={"t1": {"image": "host"}}))
-    launch = rt.wrap("t1", [sys.executable, "-m", "endpoint_agent.worker", "--connect", addr,
+    launch = rt.wrap("t1", [sys.executable, "-m", "endpoint_agent.manager.worker", "--connect", addr,
                             ..., "--slots-fd", str(fd), "--parent", str(os.getpid())],
                      pass_fds=(fd,), name="skyfn-w-123-0-7")
     proc = launch.popen()             # subprocess.Popen

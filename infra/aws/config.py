@@ -47,18 +47,18 @@ FUNCTIONS: dict[str, FunctionSpec] = {spec.key: spec for spec in (
 AUTHORIZER = FunctionSpec("authorizer", "lambdas.authorizer.handler", 256, 10, None,
                           "API Gateway token authorizer for Globus Auth JWTs")
 # The functions that push (issue 13): every handler that can write a final task state and
-# so reaches lambdas.core.push.notify. They alone get SKYFN_PUSH=apigw, the connection table
+# so reaches lambdas.core.tasks.push.notify. They alone get SKYFN_PUSH=apigw, the connection table
 # (Query, DeleteItem) and execute-api:ManageConnections on POST @connections of the stage
 # (infra/aws/stacks/push.py). Keys of FUNCTIONS:
 #   api      task cancels; at submission memo hits and failures (group policy refusals,
-#            queue refusals), through lambdas.core.tasks, also for the flows action provider;
+#            queue refusals), through lambdas.core.tasks.tasks, also for the flows action provider;
 #   results  results and failures from the results queue;
 #   reaper   expired leases past the retry budget, dead letters.
 PUSH_FUNCTIONS = ("api", "results", "reaper")
 # ... and keys of stepfunctions.catalog.STEPS (workflows stack):
-#   RouteChunk     submits a batch chunk through lambdas.core.tasks (same failures as the API);
+#   RouteChunk     submits a batch chunk through lambdas.core.tasks.tasks (same failures as the API);
 #   BatchProgress  fails the tasks of a chunk that could not be routed (batches.chunk_failed);
-#   RunTask        submits a flow's or SPMD rank's task through lambdas.core.tasks.
+#   RunTask        submits a flow's or SPMD rank's task through lambdas.core.tasks.tasks.
 # SpmdInit, history, the authorizers, the WebSocket routes and the UI never write a final
 # state. tests/aws/test_push_stack.py traces the handlers' calls and holds these lists to it.
 PUSH_STEPS = ("RouteChunk", "BatchProgress", "RunTask")

@@ -2,7 +2,7 @@
 (`skyfn-endpoint start|stop NAME`), so the runtime starts it exactly as a user would.
 The agent daemonizes itself and records its pid in `$SKYFN_HOME/endpoints/NAME/agent.pid`.
 Its config.yaml is the default template plus a `direct:` section: SDKs on this machine
-may open direct sessions with it (endpoint_agent/direct.py).
+may open direct sessions with it (endpoint_agent/direct/server.py).
 """
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def stop(name: str, home: Path, timeout: float = 15.0) -> bool:
     Returns True if an agent was running."""
     proc = recorded_process(pidfile(home, name))
     if proc is None:
-        from endpoint_agent.data_plane import end_leftover_redis
+        from endpoint_agent.data.plane import end_leftover_redis
 
         end_leftover_redis(Path(home) / "endpoints" / name)  # left up by an agent killed hard
         return False

@@ -11,7 +11,7 @@ WebSocket API): the local gateway hands it every ``GET /ws`` upgrade request.
   pushes, but deliveries to it never count as results retrieved.
 - disconnect: the connection leaves.
 
-Pushes come from the results path (lambdas/core/push.py) as Redis PUBLISH on
+Pushes come from the results path (lambdas/core/tasks/push.py) as Redis PUBLISH on
 ``push:<owner>``; one pub/sub thread fans them out to the owner's subscribed connections
 and marks results handed over inside a push as retrieved when at least one of them was not
 a peek connection. A pub/sub connection lost (Redis restarted) closes every WebSocket

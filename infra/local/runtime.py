@@ -245,9 +245,9 @@ def up(home=None, detach: bool = False, port: int | None = None, aws_endpoint: s
 
             apply_env(handler_env(redis.url, aws_url, str(state.jwks_file)))
             ensure_resources()
-            from infra.local.workflows import deploy_workflows
+            from infra.local.sfn.service_env import deploy_state_machines
 
-            deploy_workflows(aws_url)
+            deploy_state_machines(aws_url)
             started.service = Service(redis.url, port=gateway_port, api_workers=api_workers).start()
             write_pidfile(state.pidfile("service"), os.getpid())
             _wait_healthy(url, token, None, state.service_log)

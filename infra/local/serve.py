@@ -143,9 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     state.signing_key()  # makes sure the key set exists (a deployment from before keys: created now)
     apply_env(handler_env(record["redis_url"], record["aws_endpoint"], str(state.jwks_file)))
     ensure_resources()
-    from infra.local.workflows import deploy_workflows
+    from infra.local.sfn.service_env import deploy_state_machines
 
-    deploy_workflows(record["aws_endpoint"])
+    deploy_state_machines(record["aws_endpoint"])
     service = Service(record["redis_url"], port=record["gateway_port"],
                       api_workers=tuple(record.get("api_workers", (2, 16))))
     service.start()

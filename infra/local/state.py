@@ -117,7 +117,7 @@ class StateDir:
         except FileNotFoundError:
             if not create:
                 return None
-        from lambdas.core.jwt_keys import new_signing_key
+        from lambdas.core.identity.jwt_keys import new_signing_key
 
         self.ensure()
         pem, _ = new_signing_key()
@@ -131,7 +131,7 @@ class StateDir:
         return pem
 
     def _write_jwks(self, pem: str) -> None:
-        from lambdas.core.jwt_keys import public_jwks
+        from lambdas.core.identity.jwt_keys import public_jwks
 
         tmp = self.jwks_file.with_name(f".jwks.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(public_jwks(pem), indent=2) + "\n")

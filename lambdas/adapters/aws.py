@@ -1,4 +1,4 @@
-"""S3 and Step Functions clients of the workflow features (boto3, honouring
+"""S3 and Step Functions clients of the runs (batches, flows, SPMD groups) (boto3, honouring
 AWS_ENDPOINT_URL, so moto or LocalStack serve them locally)."""
 from __future__ import annotations
 

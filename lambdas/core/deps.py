@@ -8,7 +8,7 @@ import threading
 import redis
 
 from lambdas.adapters.dynamodb import Dynamo
-from lambdas.adapters.redis_store import TaskStore
+from lambdas.adapters.redis_store.store import TaskStore
 from lambdas.config import settings
 from skyfn.protocol.api import QueueDescriptor
 from skyfn.protocol.queues import TaskQueue, open_queue

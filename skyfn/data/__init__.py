@@ -15,10 +15,10 @@ from typing import Any
 
 _EXPORTS = {
     "Store": "skyfn.data.store", "get_store": "skyfn.data.store", "register_store": "skyfn.data.store",
-    "default_store": "skyfn.data.store", "endpoint_stores": "skyfn.data.store",
+    "default_store": "skyfn.data.store", "endpoint_stores": "skyfn.data.store", "get_redis_client": "skyfn.data.store",
     "Ref": "skyfn.data.ref", "RefInfo": "skyfn.data.ref", "ref_info": "skyfn.data.ref", "is_ref": "skyfn.data.ref",
     "is_resolved": "skyfn.data.ref",
-    "get_redis_client": "skyfn.data.context", "current_user": "skyfn.data.context",
+    "current_user": "skyfn.data.context",
     "DataError": "skyfn.data.errors", "DataConfigError": "skyfn.data.errors",
     "RefResolutionError": "skyfn.data.errors", "RefAccessDenied": "skyfn.data.errors",
     "RedisConnector": "skyfn.data.connectors.redis", "FileConnector": "skyfn.data.connectors.file",

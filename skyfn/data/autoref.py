@@ -145,7 +145,7 @@ class ArgumentRefs:
             store = get_store(info.store)
             if store is None and info.connector.get("kind") == "direct":   # another endpoint's: its object server
                 try:                                                          # evicts it for the owner
-                    from skyfn.data.connectors.direct import evict_ref
+                    from skyfn.data.store import evict_ref
 
                     evict_ref(info)
                 except Exception:  # noqa: BLE001 - as below: its TTL (if any) ends it

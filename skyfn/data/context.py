@@ -2,8 +2,8 @@
 
 The worker sets the owner of each task before calling it (the service puts the submitter
 in the task pack; the agent hands it to the worker); the SDK sets its user when it learns
-it. Capabilities are checked against this identity. Also: `get_redis_client()` for code
-running inside a task, and the endpoint's store definitions (SKYFN_DATA_STORES).
+it. Capabilities are checked against this identity. Also: where the endpoint's store
+definitions are (SKYFN_DATA_STORES) and which endpoint this process runs for.
 """
 from __future__ import annotations
 
@@ -55,18 +55,3 @@ def current_task() -> Optional[str]:
 
 def endpoint_id() -> Optional[str]:
     return os.environ.get(ENDPOINT_ENV) or None
-
-
-def get_redis_client():
-    """A redis-py client for the endpoint's Redis (DESIGN.md section 6), inside a task.
-
-    The endpoint's agent starts or names that Redis in its config (`data: redis:`); keys you
-    write are yours to manage (use a TTL). Raises a clear error where the endpoint has none."""
-    from skyfn.data.errors import DataConfigError
-    from skyfn.data.store import endpoint_stores
-
-    for store in endpoint_stores().values():
-        if store.connector.kind == "redis":
-            return store.connector.client
-    raise DataConfigError("this endpoint has no Redis store: add `data: {redis: {start: true}}` to its config.yaml "
-                          "(or `data: {redis: {host: ..., port: ..., password_file: ...}}` for an existing one)")

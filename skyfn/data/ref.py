@@ -7,15 +7,22 @@ numpy's `np.asarray(ref)` (no copy: the array is a view on the bytes the connect
 Built on lazy-object-proxy, the library ProxyStore's proxies come from.
 
 Inspect a ref without resolving it: `ref_info(ref)`, `is_ref(obj)`, `is_resolved(ref)`.
+
+A Ref resolves through the store layer (`skyfn.data.store.resolve_ref`), which makes Refs
+(`Store.ref`) and so sits above this module: it is reached by its name when a Ref is first
+used, as stores reach connectors by name (skyfn.data.connectors.CONNECTORS), not imported.
+A pickled Ref names `skyfn.data.ref._rebuild`, so refs pickled before stay readable.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import lazy_object_proxy
 
-from skyfn.data.errors import RefResolutionError
+# The module that resolves refs (above this one: see the module docstring).
+STORE_LAYER = "skyfn.data.store"
 
 
 @dataclass(frozen=True)
@@ -44,20 +51,7 @@ class _Resolver:
         self.info = info
 
     def __call__(self) -> Any:
-        from skyfn.data.store import get_store
-
-        info = self.info
-        store = get_store(info.store)
-        if store is None:
-            if info.connector.get("kind") == "direct":   # its object server checks the capability: no secret here
-                from skyfn.data.connectors.direct import resolve_without_store
-
-                return resolve_without_store(info)
-            raise RefResolutionError(info.store, info.key, f"store {info.store!r} is not known in this process "
-                                     f"({info.connector.get('kind')} connector): run the task on an endpoint whose "
-                                     "config defines it (data: stores:), or create Store(name, connector, secret=...) "
-                                     "with the producer's secret before resolving")
-        return store.resolve(info)
+        return importlib.import_module(STORE_LAYER).resolve_ref(self.info)
 
 
 def _rebuild(info: RefInfo) -> "Ref":

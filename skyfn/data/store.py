@@ -10,6 +10,12 @@ its endpoint's stores from the file SKYFN_DATA_STORES names, so a Ref needs to c
 the store's name and connector config. Resolved objects are cached per process (LRU,
 bounded by SKYFN_DATA_CACHE_BYTES, default 512 MiB); a cached object is still checked
 against the asking user's capability.
+
+The store uses connectors, never the other way: connectors move bytes; capabilities,
+decoding and the cache are the store's, also for a direct ref whose store this process does
+not know (`resolve_without_store`: the object server checks the capability where the bytes
+are). `resolve_ref` is how a Ref resolves (skyfn/data/ref.py). Inside a task,
+`get_redis_client()` gives the endpoint's Redis.
 """
 from __future__ import annotations
 
@@ -221,6 +227,18 @@ def get_store(name: str) -> Optional[Store]:
     return store
 
 
+def get_redis_client():
+    """A redis-py client for the endpoint's Redis (DESIGN.md section 6), inside a task.
+
+    The endpoint's agent starts or names that Redis in its config (`data: redis:`); keys you
+    write are yours to manage (use a TTL). Raises a clear error where the endpoint has none."""
+    for store in endpoint_stores().values():
+        if store.connector.kind == "redis":
+            return store.connector.client
+    raise DataConfigError("this endpoint has no Redis store: add `data: {redis: {start: true}}` to its config.yaml "
+                          "(or `data: {redis: {host: ..., port: ..., password_file: ...}}` for an existing one)")
+
+
 def default_store() -> Optional[Store]:
     """The endpoint's default store (its config's `data: default:`), inside a task."""
     path = os.environ.get(context.STORES_ENV)
@@ -229,3 +247,60 @@ def default_store() -> Optional[Store]:
     stores = endpoint_stores()
     name = read_stores_file(path).get("default")
     return stores.get(name) if name else None
+
+
+# ---- resolving refs -------------------------------------------------------------------------------
+
+def resolve_ref(info) -> Any:
+    """The object a RefInfo points at, for the current user: through its store when this process
+    knows it, else (a direct ref) through the object server that holds it."""
+    store = get_store(info.store)
+    if store is None:
+        if info.connector.get("kind") == "direct":   # its object server checks the capability: no secret here
+            return resolve_without_store(info)
+        raise RefResolutionError(info.store, info.key, f"store {info.store!r} is not known in this process "
+                                 f"({info.connector.get('kind')} connector): run the task on an endpoint whose "
+                                 "config defines it (data: stores:), or create Store(name, connector, secret=...) "
+                                 "with the producer's secret before resolving")
+    return store.resolve(info)
+
+
+def resolve_without_store(info) -> Any:
+    """Resolve a direct ref (a RefInfo) in a process that does not know its store and so has
+    no secret to check the capability with -- a task on another endpoint: the object server
+    checks it (and the user) where the bytes are. Cached per process under the exact
+    capability the server accepted, so a cache hit is checked against the asking user and
+    the expiry from that capability alone."""
+    from skyfn.data.connectors.direct import DirectConnector
+
+    user = context.current_user()
+    ck = (info.store, info.key, info.capability)
+    hit = cache.get(ck)
+    if hit is not None:
+        cap = capability.peek(info.capability)
+        if cap.expires is not None and time.time() > cap.expires:
+            cache.drop(ck)
+        elif not cap.allows(user):
+            raise RefAccessDenied(info.store, info.key, f"it belongs to {cap.owner} and is not shared with "
+                                  f"{user or 'an unknown user'}: ask its owner to share it "
+                                  "(store.ref(obj, share_with=[...]))")
+        else:
+            return hit[0]
+    data = DirectConnector.from_config(info.connector).get_for(info, user)
+    if data is None:
+        raise RefResolutionError(info.store, info.key, "no such object: evicted by its owner, past its TTL, or "
+                                 "already used (a ref made with evict=True resolves once)")
+    obj = codec.decode(data)
+    if not info.evict:
+        cache.put(ck, obj, info.size)
+    return obj
+
+
+def evict_ref(info) -> bool:
+    """Evict a direct ref (a RefInfo) as this process's user, wherever its endpoint is (the
+    owner's Executor evicting refs after their tasks, from a laptop)."""
+    from skyfn.data.connectors.direct import DirectConnector
+
+    cache.drop((info.store, info.key))
+    cache.drop((info.store, info.key, info.capability))
+    return DirectConnector.from_config(info.connector).evict_for(info, context.current_user())

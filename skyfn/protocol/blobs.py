@@ -13,10 +13,11 @@ URL when it is handed to whoever must read it. Nobody but the service signs anyt
   reference; the service accepts only the key of that task under that endpoint's prefix
   and hands the submitter a presigned GET URL with the status (TaskStatus.result_url).
 
-The bytes move through skyfn.data.connectors.s3 (its presigned mode: plain HTTPS, no AWS
-credentials needed on either side, nothing heavy imported), the one S3 implementation of
-skyfn; the service presigns with the same module's S3Connector (lambdas/core/blobs.py).
-Workers use these helpers. The API bodies are in skyfn.protocol.security.
+The bytes move through the presigned transfers below (`upload_with_form`, `download_url`:
+plain HTTPS, no AWS credentials needed on either side, requests imported only when one
+runs), which skyfn.data.connectors.s3 offers as its presigned mode; the service presigns
+with that module's S3Connector (lambdas/core/tasks/blobs.py). Workers use these helpers.
+The API bodies are in skyfn.protocol.security.
 """
 from __future__ import annotations
 
@@ -43,12 +44,37 @@ def target(buffer: str) -> str:
 def upload(form: dict, data: bytes, key: Optional[str] = None, timeout: float = TIMEOUT) -> str:
     """POST `data` with a presigned form (url, fields); returns the key it was stored at.
     A form for a prefix (fields key '<prefix>/${filename}') stores at `key`."""
-    from skyfn.data.connectors import s3
-
-    return s3.upload_with_form(form, data, key=key, timeout=timeout)
+    return upload_with_form(form, data, key=key, timeout=timeout)
 
 
 def download(url: str, timeout: float = TIMEOUT) -> str:
-    from skyfn.data.connectors import s3
+    return download_url(url, timeout=timeout).decode("utf-8")
 
-    return s3.download_url(url, timeout=timeout).decode("utf-8")
+
+# --- presigned transfers: no credentials, no boto3 ---------------------------------------
+
+def upload_with_form(form: dict, data: Any, key: Optional[str] = None, timeout: float = TIMEOUT) -> str:
+    """POST `data` (bytes-like, or a sequence of frames) with a presigned form {url, fields};
+    returns the key it was stored at. A form for a prefix (fields key '<prefix>${filename}')
+    stores at `key`. S3 enforces the form's conditions (size range, key prefix, expiry)."""
+    import requests
+
+    fields = dict(form["fields"])
+    if key is not None:
+        fields["key"] = key
+    if isinstance(data, (list, tuple)):
+        data = b"".join(data)
+    resp = requests.post(form["url"], data=fields, files={"file": ("blob", data)}, timeout=timeout)
+    if resp.status_code >= 300:
+        raise OSError(f"upload to S3 refused with {resp.status_code}: {resp.text[:300]}")
+    return fields["key"]
+
+
+def download_url(url: str, timeout: float = TIMEOUT) -> bytes:
+    """The bytes behind a presigned GET URL."""
+    import requests
+
+    resp = requests.get(url, timeout=timeout)
+    if resp.status_code != 200:
+        raise OSError(f"download from S3 refused with {resp.status_code}: {resp.text[:300]}")
+    return resp.content

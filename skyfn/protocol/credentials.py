@@ -1,5 +1,5 @@
 """Endpoint credentials on the wire, shared by the service (which issues and checks them,
-lambdas/core/agent_keys.py) and the endpoint agent (which presents them).
+lambdas/core/identity/agent_keys.py) and the endpoint agent (which presents them).
 
 A credential is `skyfn-agent.<endpoint id>.<secret>`. Agents send it as a bearer token to
 their endpoint's agent routes, and log in to Redis queues with its secret as the password

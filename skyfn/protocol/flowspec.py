@@ -27,7 +27,7 @@ MAX_NODES = 200
 DEFAULT_WAIT_SECONDS = 10
 LAMBDA_TRANSIENT = ["Lambda.ServiceException", "Lambda.AWSLambdaException", "Lambda.SdkClientException",
                     "Lambda.TooManyRequestsException", "Unavailable"]
-# Errors a step can end with (docs/workflows.md).
+# Errors a step can end with (docs/runs.md).
 STEP_ERRORS = ("TaskFailed", "TaskTimedOut", "TaskCancelled", "EndpointOffline", "NotFound")
 
 

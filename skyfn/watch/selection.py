@@ -17,7 +17,7 @@ from typing import IO, Any, Iterable, Optional
 from skyfn.protocol.limits import MAX_STATUS_IDS
 from skyfn.report.since import parse_since
 
-MAX_LIST = 20_000  # GET /tasks answers at most this many (lambdas/core/task_list.py)
+MAX_LIST = 20_000  # GET /tasks answers at most this many (lambdas/core/tasks/task_list.py)
 UNKNOWN_ENDPOINT = "?"
 
 

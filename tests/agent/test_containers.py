@@ -1,5 +1,5 @@
 """Container runtimes: exact command lines for every runtime; podman and bubblewrap
-really start `endpoint_agent.worker` in a container that runs tasks (ContainerPool);
+really start `endpoint_agent.manager.worker` in a container that runs tasks (ContainerPool);
 config errors name key, value and allowed values."""
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ from endpoint_agent.containers.runtime import (CODE_ROOT, ContainerError, host_p
                                                runtime_from_settings)
 
 PY = sys.executable
-WORKER = [PY, "-m", "endpoint_agent.worker", "--connect", "ipc://@skyfn-mgr-1", "--identity", "w0.1",
+WORKER = [PY, "-m", "endpoint_agent.manager.worker", "--connect", "ipc://@skyfn-mgr-1", "--identity", "w0.1",
           "--slot", "0", "--slots", "2", "--slots-fd", "17", "--parent", "4242"]
 
 
 def inner(parent: int, fd: int) -> list[str]:
-    return [PY, "-m", "endpoint_agent.worker", "--connect", "ipc://@skyfn-mgr-1", "--identity", "w0.1",
+    return [PY, "-m", "endpoint_agent.manager.worker", "--connect", "ipc://@skyfn-mgr-1", "--identity", "w0.1",
             "--slot", "0", "--slots", "2", "--slots-fd", str(fd), "--parent", str(parent)]
 
 
@@ -130,7 +130,7 @@ def test_bubblewrap_argv(fixed_host):
 
 def test_ipc_path_socket_dir_is_bound(fixed_host):
     cfg = ContainerConfig(runtime="bubblewrap", types={"h": {"image": "host"}})
-    argv = [PY, "-m", "endpoint_agent.worker", "--connect", "ipc:///run/skyfn/m1/w.sock"]
+    argv = [PY, "-m", "endpoint_agent.manager.worker", "--connect", "ipc:///run/skyfn/m1/w.sock"]
     a = make_runtime(cfg).wrap("h", argv).argv
     i = a.index("/run/skyfn/m1")
     assert a[i - 1:i + 2] == ["--bind", "/run/skyfn/m1", "/run/skyfn/m1"]
@@ -292,7 +292,7 @@ class _Proc:
 
 
 def _manager(routing: str, seed: int = 7, types=("a", "b")):
-    from endpoint_agent.manager import Manager, WorkerProc
+    from endpoint_agent.manager.manager import Manager, WorkerProc
 
     m = Manager("tcp://127.0.0.1:9", "t", 4, 8, cores=4,
                 containers={"runtime": "none", "routing": routing, "routing_seed": seed,

@@ -15,7 +15,7 @@ import zmq
 
 from endpoint_agent.config import ConfigError, parse_config
 from endpoint_agent.interchange import Interchange
-from endpoint_agent.outbox import Outbox
+from endpoint_agent.service.outbox import Outbox
 from skyfn.protocol import direct as dp
 from skyfn.protocol.api import Heartbeat
 from skyfn.protocol.messages import TaskPack, TaskSpec
@@ -451,7 +451,7 @@ def test_config_defaults_and_switch():
 
 
 def test_a_port_in_use_is_a_config_error(tmp_path):
-    from endpoint_agent.direct import DirectServer
+    from endpoint_agent.direct.server import DirectServer
     from endpoint_agent.interchange import ensure_server_keys
 
     ctx = zmq.Context()

@@ -277,7 +277,7 @@ def test_gpu_assignment_sets_cuda_visible_devices(queues, agent_factory):
 
 @pytest.mark.parametrize("workers", [2])
 def test_manager_command_line_is_stable(workers):
-    from endpoint_agent.manager import build_parser
+    from endpoint_agent.manager.manager import build_parser
 
     args = build_parser().parse_args(["--interchange", "tcp://h:1", "--block", "b7", "--workers", str(workers),
                                       "--server-key", "K" * 40])
@@ -314,13 +314,13 @@ def test_manager_with_a_wrong_server_key_exits_with_a_reason(tmp_path, monkeypat
     import subprocess
     import sys
 
-    import endpoint_agent.manager as manager_mod
+    import endpoint_agent.manager.manager as manager_mod
 
     ix = _ix(tmp_path, interchange_address="0.0.0.0")
     try:
         wrong_pub, _ = zmq.curve_keypair()
         env = dict(__import__("os").environ)
-        code = ("import endpoint_agent.manager as m, sys; m.SEND_TIMEOUT_S = 1.0; "
+        code = ("import endpoint_agent.manager.manager as m, sys; m.SEND_TIMEOUT_S = 1.0; "
                 "sys.exit(m.main(sys.argv[1:]))")
         proc = subprocess.Popen([sys.executable, "-c", code, "--interchange", ix.address, "--block", "b",
                                  "--workers", "1", "--server-key", wrong_pub.decode(), "--heartbeat", "0.2"],

@@ -9,7 +9,7 @@ import pytest
 
 from endpoint_agent.config import ConfigError, parse_config
 from endpoint_agent.interchange import ManagerHandle
-from endpoint_agent.placement import ManagerPlacement, parse_policy
+from endpoint_agent.interchange.placement import ManagerPlacement, parse_policy
 from skyfn.protocol.messages import TaskPack, TaskSpec
 from skyfn.protocol.serialize import deserialize, pack_args, serialize_function
 from tests.agent import fns
@@ -97,7 +97,7 @@ def test_directional_affinity_query_joins_init(queues, agent):
 def test_sync_mirrors_managers_and_warm_first_prefers_a_warm_container():
     """ManagerPlacement over real ManagerHandle objects: capacity, assigned tags and warm
     containers reach the engine; warm_first picks the manager with an idle warm one."""
-    from endpoint_agent.interchange import T_ROUTE
+    from endpoint_agent.task_record import T_ROUTE
 
     placement = ManagerPlacement(parse_policy("default:\n  - workers: '*'\n    strategy: warm_first\n"))
     a, b = ManagerHandle(b"mgr-a"), ManagerHandle(b"mgr-b")

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from endpoint_agent.config import ConfigError, load_config
-from endpoint_agent.interchange import T_ROUTE, ManagerHandle
-from endpoint_agent.placement import ManagerPlacement, parse_policy
+from endpoint_agent.interchange import ManagerHandle
+from endpoint_agent.interchange.placement import ManagerPlacement, parse_policy
+from endpoint_agent.task_record import T_ROUTE
 from skyfn.protocol.messages import TaskPack, TaskSpec
 from skyfn.protocol.serialize import deserialize, pack_args, serialize_function
 from tests.agent import fns

@@ -230,7 +230,7 @@ def test_credential_rotated_before_the_queues_open_is_taken_up(queues, agent_fac
     import redis
     from urllib.parse import urlsplit, urlunsplit
 
-    from endpoint_agent.credential import save
+    from endpoint_agent.service.credential import save
 
     user, old, new = f"skyfn-ep-{unique}", "o" * 40, "n" * 40
     admin = redis.Redis.from_url(redis_url)

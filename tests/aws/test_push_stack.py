@@ -70,7 +70,7 @@ def test_connection_table_has_owner_keys_and_ttl(service):
 
 # --- who pushes: traced from the handlers' code ---------------------------------------
 REPO = Path(__file__).resolve().parents[2]
-NOTIFY = ("lambdas.core.push", "notify")
+NOTIFY = ("lambdas.core.tasks.push", "notify")
 
 
 def _module_path(module: str) -> Path | None:
@@ -147,7 +147,7 @@ def _imported_modules(module: str) -> set[str]:
 
 
 def reaches_push(handler: str) -> bool:
-    """Whether the Lambda handler `module.function` can call lambdas.core.push.notify: its
+    """Whether the Lambda handler `module.function` can call lambdas.core.tasks.push.notify: its
     own function and the routes its module's imports register, then every function they
     reference, transitively. Calls through objects (store.finish) are not followed: push
     is a module function, always called as push.notify."""
@@ -238,7 +238,7 @@ def test_each_pushing_function_gets_exactly_the_push_grants(synth, name):
     stmts = [s for s in function_statements(raw[stack], name) if _touches_push(s, table_id)]
     assert sorted(s["Sid"] for s in stmts) == ["ConnectionTableRead", "PostToConnections"], stmts
     by_sid = {s["Sid"]: s for s in stmts}
-    # what lambdas/core/push.py calls: connections() queries the table, _post() deletes gone ones
+    # what lambdas/core/tasks/push.py calls: connections() queries the table, _post() deletes gone ones
     read = by_sid["ConnectionTableRead"]
     assert read["Effect"] == "Allow" and sorted(actions(read)) == ["dynamodb:DeleteItem", "dynamodb:Query"]
     assert read["Resource"] == table_arn  # the table itself: no index, no wildcard

@@ -12,7 +12,7 @@ import pytest
 from aws_cdk.assertions import Match
 
 from infra.aws.config import FUNCTIONS, RESULTS_BATCH_SIZE
-from lambdas.core.agent_credentials import CONSUME_ACTIONS, RESULT_ACTIONS
+from lambdas.core.identity.agent_credentials import CONSUME_ACTIONS, RESULT_ACTIONS
 from stepfunctions import catalog
 
 

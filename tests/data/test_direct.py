@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import rendezvous
-from endpoint_agent.object_server import ObjectServer, parse_direct_config
+from endpoint_agent.data.object_server import ObjectServer, parse_direct_config
 from skyfn.data import RefAccessDenied, RefResolutionError, Store, capability, codec, context
 from skyfn.data.connectors import from_config
 from skyfn.data.connectors.direct import DirectConnector, channel_stats, close_channels
@@ -230,7 +230,7 @@ def test_no_listener_and_no_token_are_clear(rdv, tmp_path, monkeypatch):
 
 
 def _cli(args, env, timeout=30):
-    return subprocess.run([sys.executable, "-m", "endpoint_agent.object_server", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "endpoint_agent.data.object_server", *args], capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, **env})
 
 
@@ -247,7 +247,7 @@ def test_standalone_server_errors_name_the_fix(rdv, tmp_path, unique):
     assert "wrong" not in done.stderr.replace("wrong secret", "")
     # a running one holds the name; a second is refused with name_taken, then the first stops cleanly
     ready = tmp_path / "ready.json"
-    first = subprocess.Popen([sys.executable, "-m", "endpoint_agent.object_server", *base, "--ready-file", str(ready)],
+    first = subprocess.Popen([sys.executable, "-m", "endpoint_agent.data.object_server", *base, "--ready-file", str(ready)],
                              env={**os.environ, **env, "SKYFN_DIRECT_STORE_SECRET": "00" * 32},
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -319,8 +319,8 @@ def test_endpoint_data_section_takes_direct(tmp_path):
 def test_agent_data_plane_starts_and_stops_the_object_server(rdv, tmp_path, monkeypatch):
     """`data: direct:` in an endpoint's config: EndpointData (what the agent runs) starts the
     object server as a child, publishes the store `direct@<endpoint>` to workers, and stops it."""
-    from endpoint_agent.data_config import DataConfig
-    from endpoint_agent.data_plane import EndpointData
+    from endpoint_agent.data.config import DataConfig
+    from endpoint_agent.data.plane import EndpointData
     from skyfn.data.store import load_stores_file, read_stores_file
 
     monkeypatch.setenv("SKYFN_RENDEZVOUS_SECRET", RDV_SECRET)
@@ -421,8 +421,8 @@ def test_consumers_beyond_max_channels_are_told_busy(rdv, tmp_path, unique, monk
 
 
 def test_agent_start_fails_clearly_when_the_name_is_taken(rdv, tmp_path, monkeypatch):
-    from endpoint_agent.data_config import DataConfig
-    from endpoint_agent.data_plane import EndpointData
+    from endpoint_agent.data.config import DataConfig
+    from endpoint_agent.data.plane import EndpointData
 
     monkeypatch.setenv("SKYFN_RENDEZVOUS_SECRET", RDV_SECRET)
     monkeypatch.setenv("SKYFN_DATA_STORES", "")
@@ -444,7 +444,7 @@ def test_agent_start_fails_clearly_when_the_name_is_taken(rdv, tmp_path, monkeyp
 def test_only_the_owner_evicts_through_the_object_server(site):
     """From another endpoint (or a laptop) the owner evicts a ref through the object server,
     as the Executor does after the tasks consuming it (skyfn.data.autoref); others cannot."""
-    from skyfn.data.connectors.direct import evict_ref
+    from skyfn.data.store import evict_ref
 
     server, producer, consumer = site
     ref = producer.ref(np.arange(3), owner="alice", share_with=["bob"], ttl=60)

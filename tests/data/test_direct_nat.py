@@ -1,7 +1,7 @@
 """The direct path through real NATs: two endpoints in their own network namespaces, each
 behind its own MASQUERADE router (tests/comm/netns.py), the rendezvous server in the
 public namespace. On the producer's side the object server (`python -m
-endpoint_agent.object_server`) and a producer process that puts a 100 MB numpy array as
+endpoint_agent.data.object_server`) and a producer process that puts a 100 MB numpy array as
 alice's ref; on the consumer's side a process that resolves it through a punched channel.
 
 - port-keeping NATs: the channel is direct (to the producer router's public address) and
@@ -39,7 +39,7 @@ def netns_reason():
 def _object_server(topo: NatTopology, directory: str, store_secret: str, tmp_path) -> subprocess.Popen:
     ready = tmp_path / "ready.json"
     log = open(tmp_path / "object_server.log", "w")
-    proc = topo.python(topo.sites[0].ns, ["-m", "endpoint_agent.object_server", "--rendezvous",
+    proc = topo.python(topo.sites[0].ns, ["-m", "endpoint_agent.data.object_server", "--rendezvous",
                                           f"{topo.public_ip}:{PORT}", "--name", NAME, "--store", STORE,
                                           "--directory", directory, "--endpoint-id", "ep-producer",
                                           "--timeout", "60", "--ready-file", str(ready)],

@@ -1,5 +1,5 @@
 """Globus staging with globus-sdk's real TransferClient driving the local Transfer stand-in
-(infra/local/globus_transfer.py), which really copies between directories as collections:
+(infra/local/globus_transfer/), which really copies between directories as collections:
 the API subset, token refresh through globus-sdk's auth clients, the stager's batching
 (200 items -> ceil(200 / batch size) Transfer tasks, concurrency bound kept), a missing
 path failing with Globus's message, the GlobusConnector with a 100 MB array by ref, and
@@ -17,7 +17,7 @@ import globus_sdk
 import numpy as np
 import pytest
 
-from infra.local.globus_transfer import TransferStandIn
+from infra.local.globus_transfer.server import TransferStandIn
 from skyfn.data import GlobusConnector, GlobusFile, Store
 from skyfn.data.globus_config import TRANSFER_RS, authorizer, parse_globus, read_tokens, save_tokens
 from skyfn.protocol.serialize import pack_args, unpack_args
@@ -145,7 +145,7 @@ def test_no_credentials_is_a_clear_error(standin, dirs, tmp_path):
 
 # --- the stager ------------------------------------------------------------------------
 def run_stager(s, standin, jobs: dict, timeout=60.0):
-    from endpoint_agent.staging import Stager
+    from endpoint_agent.data.staging import Stager
 
     done: dict = {}
     ev = threading.Event()
@@ -351,7 +351,7 @@ def test_stage_items_cannot_leave_the_staging_area(standin, dirs, tmp_path):
     service refuses such a request before (422 through the API model)."""
     import collections
 
-    from endpoint_agent.staging import TaskStaging
+    from endpoint_agent.data.staging import TaskStaging
     from skyfn.protocol.api import TaskRequest
     from skyfn.protocol.messages import TaskSpec
 

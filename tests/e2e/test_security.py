@@ -197,7 +197,7 @@ def test_a_rotated_credential_handed_to_the_agent_is_taken_up(home, client):
     refused_since = last_beat()
     time.sleep(1.5)
     assert last_beat() == refused_since
-    from endpoint_agent.credential import save
+    from endpoint_agent.service.credential import save
 
     save(home / "endpoints" / "local" / "credential", fresh)
     deadline = time.monotonic() + 15

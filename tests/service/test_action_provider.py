@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from lambdas.core.actions import principal
+from lambdas.core.runs.actions import principal
 from lambdas.results import apply_pack
 from skyfn.protocol import serialize, serialize_function
 from skyfn.protocol.messages import ResultPack, TaskResult, TaskUpdate

@@ -1,4 +1,4 @@
-"""Authentication of every API route (lambdas/auth.py, lambdas/core/jwt_keys.py), through
+"""Authentication of every API route (lambdas/auth.py, lambdas/core/identity/jwt_keys.py), through
 the real handler on a real redis-server and moto:
 
 - the embedded runtime's issuer: ES256 tokens checked against a JWKS file (issuer,
@@ -22,7 +22,8 @@ import jwt
 import pytest
 
 from lambdas.auth import mint_token
-from lambdas.core import deps, jwt_keys
+from lambdas.core import deps
+from lambdas.core.identity import jwt_keys
 from skyfn.protocol import serialize_function
 from tests.service.conftest import Api, Context, api_event
 from tests.service.oidc_issuer import Issuer

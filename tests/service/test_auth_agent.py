@@ -8,7 +8,7 @@ itself (NOPERM). A result an agent posts for a task routed elsewhere is dropped 
 results handler. Rotating or revoking the credential locks the old one out.
 
 SQS path (AWS), on moto with IAM enforcement switched on: the session policy document
-of lambdas/core/agent_credentials.py, attached to the agent role (moto evaluates role
+of lambdas/core/identity/agent_credentials.py, attached to the agent role (moto evaluates role
 policies but not session policies), allows the real calls of the SQS queue adapter on the
 endpoint's queues and refuses the same calls on another endpoint's queue.
 """
@@ -133,7 +133,7 @@ def test_sqs_session_policy_reaches_only_the_endpoints_queues(monkeypatch):
     from moto import mock_aws
     from moto.core import set_initial_no_auth_action_count
 
-    from lambdas.core import agent_credentials as ac
+    from lambdas.core.identity import agent_credentials as ac
     from skyfn.protocol.queues.sqs import SqsQueue
 
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)

@@ -1,6 +1,6 @@
 """What the AWS deployment adds to the service, on moto and a real Redis: the agent's
-session policy (lambdas/core/agent_credentials.py) and a real AssumeRole with it,
-secrets loaded into the environment at cold start (lambdas/core/secret_env.py), the
+session policy (lambdas/core/identity/agent_credentials.py) and a real AssumeRole with it,
+secrets loaded into the environment at cold start (lambdas/core/identity/secret_env.py), the
 Redis AUTH token joined to SKYFN_REDIS_URL, and TTL on the durable history."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import boto3
 import pytest
 import redis
 
-from lambdas.core import agent_credentials as ac
-from lambdas.core import secret_env
+from lambdas.core.identity import agent_credentials as ac
+from lambdas.core.identity import secret_env
 from skyfn.protocol import pack_args, serialize_function
 from skyfn.protocol.messages import ResultPack, TaskResult
 

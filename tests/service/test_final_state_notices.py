@@ -10,7 +10,8 @@ import uuid
 
 import pytest
 
-from lambdas.adapters.redis_store import CANCEL_REASON, TaskStore
+from lambdas.adapters.redis_store.rows import CANCEL_REASON
+from lambdas.adapters.redis_store.store import TaskStore
 from skyfn.protocol.push import cursor_key
 
 

@@ -160,7 +160,8 @@ def apigw(redis_url, monkeypatch):
     import boto3
     from moto import mock_aws
 
-    from lambdas.core import deps, push
+    from lambdas.core import deps
+    from lambdas.core.tasks import push
 
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     monkeypatch.setenv("SKYFN_REDIS_URL", redis_url)
@@ -199,7 +200,7 @@ def _posted(connection_id: str) -> list[dict]:
 
 
 def test_apigw_posts_cancels_and_reaper_failures_to_subscribed_connections(apigw):
-    from lambdas.core import push
+    from lambdas.core.tasks import push
 
     store = apigw
     push.remember("alice", "conn-a", subscribed=True)
@@ -239,7 +240,7 @@ def _subscribe(connection_id: str, message: dict) -> dict:
 def test_apigw_peek_connections_get_the_pushes_without_consuming_results(apigw):
     """A connection subscribed with peek (the status page, `skyfn task watch`) receives every
     push, but only a delivery to a connection without peek marks the results retrieved."""
-    from lambdas.core import push
+    from lambdas.core.tasks import push
 
     store = apigw
     push.remember("alice", "conn-watch")  # $connect, then subscribe with peek

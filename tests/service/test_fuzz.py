@@ -75,9 +75,9 @@ def service(redis_server, moto_server, tmp_path_factory):
     os.environ.update(env)
     deps.reset()
     ensure_resources()
-    from infra.local.workflows import deploy_workflows
+    from infra.local.sfn.service_env import deploy_state_machines
 
-    saved.update({k: os.environ.get(k) for k in deploy_workflows(moto_server.url)})  # as the service process does
+    saved.update({k: os.environ.get(k) for k in deploy_state_machines(moto_server.url)})  # as the service process does
     from lambdas.api import handler
 
     gateway = Gateway(handler, concurrency=1).start()  # Powertools' resolver: one invocation at a time

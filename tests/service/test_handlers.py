@@ -94,7 +94,8 @@ def test_reaper_marks_silent_endpoints_offline(api, submitted, monkeypatch):
 
 
 def test_reaper_finds_endpoints_by_their_index_and_rebuilds_a_missing_one(api, submitted):
-    from lambdas.core import deps, registry
+    from lambdas.core import deps
+    from lambdas.core.tasks import registry
     from lambdas.reaper import reap
 
     ep, _ = submitted

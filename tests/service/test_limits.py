@@ -1,6 +1,6 @@
 """Limits with clear errors (request size, batch size, argument, result and function size;
 rate limits are in test_auth.py), and large arguments and results through S3 instead of a
-failure (lambdas/core/blobs.py, skyfn/protocol/blobs.py), through the real API handler on
+failure (lambdas/core/tasks/blobs.py, skyfn/protocol/blobs.py), through the real API handler on
 a real redis-server and moto's S3."""
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def test_large_result_is_stored_by_the_agent_and_fetched_by_the_submitter(api, o
     [msg] = open_queue(ep["task_queue"], consumer="agent").receive(max_messages=1)
     form = json.loads(msg.body)["result_upload"]
     result = serialize("r" * (2 << 20))
-    from endpoint_agent.blob_results import offload
+    from endpoint_agent.service.blob_results import offload
 
     stored, ref = offload(form, good, result)  # the agent's own upload path
     assert stored and ref == blobs.make_ref(f"results/{ep['endpoint_id']}/{good}")
@@ -128,7 +128,7 @@ def test_large_result_is_stored_by_the_agent_and_fetched_by_the_submitter(api, o
 
 
 def test_small_results_stay_inline_and_no_form_means_inline(fn_ep):
-    from endpoint_agent.blob_results import offload
+    from endpoint_agent.service.blob_results import offload
 
     assert offload({"prefix": "results/x/", "url": "http://unused", "fields": {}}, "t", "json 3.11\n1") == \
         (True, "json 3.11\n1")

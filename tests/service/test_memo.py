@@ -155,7 +155,7 @@ def bucket(service_env, aws_endpoint, monkeypatch, unique):
 
 
 def test_large_results_are_memoized_by_reference(api, ep, bucket):
-    from endpoint_agent.blob_results import offload
+    from endpoint_agent.service.blob_results import offload
 
     fid = register(api, square, memoize=True)
     first = submit(api, ep, fid, "big")

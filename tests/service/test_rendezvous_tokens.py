@@ -1,5 +1,5 @@
 """Rendezvous group tokens issued by the service (POST /rendezvous/tokens,
-lambdas/core/rendezvous_tokens.py), used against a real rendezvous server: a token admits
+lambdas/core/runs/rendezvous_tokens.py), used against a real rendezvous server: a token admits
 its holder to the caller's own (namespaced) group until it expires, and to no other group."""
 from __future__ import annotations
 
@@ -17,15 +17,15 @@ SECRET = "rdv-secret-" + "r" * 32
 
 @pytest.fixture
 def rdv(service_env, monkeypatch):
-    from lambdas.workflows.config import workflow_settings
+    from lambdas.core.runs.settings import run_settings
 
     with serve_in_thread("127.0.0.1", 0, SECRET) as server:
         monkeypatch.setenv("SKYFN_RENDEZVOUS_SECRET", SECRET)
         monkeypatch.setenv("SKYFN_RENDEZVOUS_ADDRESS", server.address)
-        workflow_settings.cache_clear()
+        run_settings.cache_clear()
         deps.reset()
         yield server
-    workflow_settings.cache_clear()
+    run_settings.cache_clear()
 
 
 def test_a_token_admits_its_group_and_no_other(rdv, api, other_api):
@@ -58,10 +58,10 @@ def test_bad_requests_are_422(rdv, api, body):
 
 
 def test_without_a_rendezvous_server_the_route_says_so(service_env, api, monkeypatch):
-    from lambdas.workflows.config import workflow_settings
+    from lambdas.core.runs.settings import run_settings
 
     monkeypatch.delenv("SKYFN_RENDEZVOUS_SECRET", raising=False)
-    workflow_settings.cache_clear()
+    run_settings.cache_clear()
     status, body = api.call("POST", "/rendezvous/tokens", {"name": "x"})
-    workflow_settings.cache_clear()
+    run_settings.cache_clear()
     assert status == 404 and body["error"] == "rendezvous_not_configured"

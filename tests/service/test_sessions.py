@@ -95,7 +95,7 @@ def test_only_the_agent_and_its_owner_publish_the_channel_and_it_lives_three_tim
 
 
 def test_a_silent_agents_channel_is_withdrawn_when_it_goes_offline(api, world):
-    from lambdas.core import registry
+    from lambdas.core.tasks import registry
 
     publish(world, channel())
     deps.redis_client().hset(f"ep:{world['ep']}", "hb", f"{time.time() - 3600:.6f}")
@@ -303,7 +303,7 @@ def test_direct_results_are_recorded_for_the_sessions_owner(api, other_api, worl
     _, listed = api.call("GET", "/tasks")
     assert {ok.task_id, failed.task_id} <= {t["task_id"] for t in listed["tasks"]}
     assert other_api.call("GET", "/tasks")[1]["tasks"] == []
-    from lambdas.core.stage_metrics import stage_means
+    from lambdas.core.tasks.stage_metrics import stage_means
 
     means, measured = stage_means([deps.redis_client().hget(f"t:{ok.task_id}", "ev").decode()])
     assert measured == 1 and all(v >= 0 for v in means.values())

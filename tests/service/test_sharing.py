@@ -1,4 +1,4 @@
-"""Authorization (lambdas/core/access.py, teams.py) through the real API handler on a real
+"""Authorization (lambdas/core/identity/access.py, teams.py) through the real API handler on a real
 redis-server and moto: owners share functions, endpoints and endpoint groups with users or
 teams with a role (run, manage); a share grants exactly its role; revoking takes effect on
 the next request; another user's objects, tasks and results are 404 -- the same answer as

@@ -12,7 +12,7 @@ from tests.service.test_handlers import submitted  # noqa: F401 - the fixture
 
 
 def test_stage_means_from_events():
-    from lambdas.core.stage_metrics import stage_means
+    from lambdas.core.tasks.stage_metrics import stage_means
 
     a = "CREATED@10.000;QUEUED@10.001;DISPATCHED@10.011;RUNNING@10.013;DONE@10.113;SUCCEEDED@10.116;STORED@10.116;"
     b = "CREATED@20.000;QUEUED@20.003;DISPATCHED@20.013;RUNNING@20.015;DONE@20.315;FAILED@20.318;STORED@20.318;"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from lambdas.adapters.redis_store import TaskStore
+from lambdas.adapters.redis_store.store import TaskStore
 
 
 def test_create_only_if_new_refuses_a_retry_and_changes_nothing(redis_url):

@@ -9,7 +9,7 @@ import zmq
 
 from endpoint_agent import wire
 from endpoint_agent.config import EndpointConfig
-from endpoint_agent.ix_state import IxState, ManagerHandle
+from endpoint_agent.interchange.state import IxState, ManagerHandle
 
 
 class RecordingOutbox:
@@ -90,7 +90,7 @@ def recv_all(sock: zmq.Socket, timeout: float = 0.5) -> list[list[bytes]]:
 
 def task_record(task_id: str, pack: int, *, fn: str = "f1", route=None, recv: float = 100.0) -> list:
     """A task record (endpoint_agent/task_record.py) as the intake makes it."""
-    from endpoint_agent.ix_state import PLAIN
+    from endpoint_agent.interchange.state import PLAIN
 
     return [task_id, fn, f"payload-{task_id}", None, pack, recv, 0, PLAIN if route is None else route, None]
 
@@ -100,8 +100,8 @@ def make_manager_state(ctx: zmq.Context, workers: int = 2, *, prefetch: int = 4,
                        accelerators=(), containers=None, worker_addr: str | None = None):
     """A ManagerState with real sockets: `wsock` (ROUTER) bound at worker_addr (inproc by
     default) and `ix` (DEALER) connected to the returned ROUTER, the interchange's stand-in."""
-    from endpoint_agent.mgr_containers import configure
-    from endpoint_agent.mgr_state import ManagerState
+    from endpoint_agent.manager.containers import configure
+    from endpoint_agent.manager.state import ManagerState
     from endpoint_agent.slots import Slots
 
     st = ManagerState("mgr-test", workers, prefetch, cores=cores or workers, accelerators=list(accelerators))
@@ -130,7 +130,7 @@ def sleeper():
 def worker_standin(ctx: zmq.Context, st, slot: int, ctype: str = "none", *, proc=None, ready: bool = True):
     """A WorkerProc in st.workers[slot] with a real process and the DEALER socket that stands
     for it (connected to st.wsock, its identity known to the ROUTER)."""
-    from endpoint_agent.mgr_state import WorkerProc
+    from endpoint_agent.manager.state import WorkerProc
 
     identity = f"w{slot}.{uuid.uuid4().hex[:6]}"
     sock = connect_dealer(ctx, st.worker_addr, identity)

@@ -1,7 +1,7 @@
 """Agent access stack: the IAM role whose sessions endpoint agents use to reach SQS.
 
 The API function assumes it (the trust policy names that function's role and nothing
-else) with a session policy built by lambdas/core/agent_credentials.py that narrows it
+else) with a session policy built by lambdas/core/identity/agent_credentials.py that narrows it
 to one endpoint's queues; the role's own policy is the ceiling: consume (receive,
 delete, change visibility, read attributes) on the stage's task and control queues,
 send on the results queue, and an explicit deny on every dead-letter queue.
@@ -14,7 +14,7 @@ from constructs import Construct
 
 from infra.aws.config import DeployConfig
 from infra.aws.stacks.service import ServiceStack, agent_role_name, queue_arn
-from lambdas.core.agent_credentials import CONSUME_ACTIONS, MAX_SESSION_SECONDS, RESULT_ACTIONS
+from lambdas.core.identity.agent_credentials import CONSUME_ACTIONS, MAX_SESSION_SECONDS, RESULT_ACTIONS
 
 
 class AgentAccessStack(Stack):

@@ -9,7 +9,7 @@
   function, the API (cancels, submission-time failures), the reaper (expired leases, dead
   letters) here, and the batch and task steps of the workflows stack (config.PUSH_FUNCTIONS,
   config.PUSH_STEPS). Each gets SKYFN_PUSH=apigw, SKYFN_CONNECTION_TABLE, SKYFN_WS_ENDPOINT
-  and exactly what lambdas/core/push.py calls: Query (the owner's connections) and
+  and exactly what lambdas/core/tasks/push.py calls: Query (the owner's connections) and
   DeleteItem (gone ones) on the connection table, and ``execute-api:ManageConnections`` on
   POST @connections/* of this API's stage. No other function holds any of it.
 
@@ -85,7 +85,7 @@ class ResultsPush(Construct):
                   description="the results push: set SKYFN_WS_URL to this for the SDK")
 
     def grant_push(self, fn: lambda_.Function) -> None:
-        """Let `fn` push final states (lambdas/core/push.py, adapter ``apigw``): what
+        """Let `fn` push final states (lambdas/core/tasks/push.py, adapter ``apigw``): what
         `connections` and `_post` call, on this table and this stage, nothing more. The ARN
         and URL are built in `fn`'s own stack (its partition, region, URL suffix); only the
         API id and the table cross a stack boundary."""

@@ -119,7 +119,7 @@ class ServiceStack(Stack):
             sid="ResultsQueueDeclare", actions=SQS_ENDPOINT_QUEUE_ACTIONS,
             resources=[self.results_queue.queue_arn, self.results_dlq.queue_arn]))
         # Agent credentials: the API hands an endpoint agent a session of the agent role
-        # narrowed to its own queues (lambdas/core/agent_credentials.py).
+        # narrowed to its own queues (lambdas/core/identity/agent_credentials.py).
         self.agent_role_arn = self.format_arn(service="iam", region="", resource="role",
                                               resource_name=agent_role_name(config))
         api_fn.add_to_role_policy(iam.PolicyStatement(sid="AgentSessions", actions=["sts:AssumeRole"],
@@ -259,7 +259,7 @@ class ServiceStack(Stack):
         """A handler of lambdas/ with the shared code, layer, VPC placement and env. Its
         role starts with only logs, X-Ray, VPC networking and the secrets it reads:
         the Redis AUTH token and `secrets` (env name -> secret), which
-        lambdas/core/secret_env.py loads into the environment at cold start, so secret
+        lambdas/core/identity/secret_env.py loads into the environment at cold start, so secret
         values never sit in the function's configuration."""
         scope = scope or self
         secrets = {"SKYFN_REDIS_PASSWORD": self.data.redis_token, **(secrets or {})}
@@ -369,7 +369,7 @@ class ServiceStack(Stack):
                            + [fn.metric_throttles(period=five) for fn in self.functions.values()]),
             cw.GraphWidget(title="Lambda duration p99", width=8,
                            left=[fn.metric_duration(period=five, statistic="p99") for fn in self.functions.values()]))
-        # latency per stage from task events (lambdas/core/stage_metrics.py, EMF by the results function)
+        # latency per stage from task events (lambdas/core/tasks/stage_metrics.py, EMF by the results function)
         def stage(name: str, statistic: str) -> cw.Metric:
             return cw.Metric(namespace="skyfn", metric_name=name, dimensions_map={"service": "results"},
                              statistic=statistic, period=five, label=f"{name} {statistic}")

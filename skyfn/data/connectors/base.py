@@ -11,6 +11,9 @@ from typing import Any, ClassVar, Optional, Protocol, Sequence, runtime_checkabl
 
 Buffer = Any  # bytes, bytearray, memoryview, or anything with the buffer protocol
 
+# The characters of a plain key (no leading "."): the file layout the file and direct connectors share.
+KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
 
 @runtime_checkable
 class Connector(Protocol):

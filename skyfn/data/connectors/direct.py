@@ -5,7 +5,7 @@
 
 On the producer's endpoint `put`/`evict`/`exists` work on a local directory (memory-backed
 under /dev/shm by default; any directory spills to disk), with TTLs, through the file
-connector's layout. The endpoint's object server (`endpoint_agent/object_server.py`) holds
+connector's layout. The endpoint's object server (`endpoint_agent/data/object_server.py`) holds
 a LISTEN connection to the rendezvous server under `name`; a consumer on another endpoint
 CALLs that name, both join the fresh 2-rank group the server makes, punch a TCP channel
 through their NATs (or relay through the server when they cannot), and the consumer asks
@@ -25,11 +25,9 @@ rendezvous secret in the environment variable named by `secret_env` (default
 SKYFN_RENDEZVOUS_SECRET) or the file `secret_file`, else taken from `token_env` (default
 SKYFN_DIRECT_TOKEN) or `token_file` (a token is made for one name).
 
-Channel protocol (comm tags; rank 0 the object server, rank 1 the consumer):
-  tag 1  consumer -> server  JSON {"v": 1, "op": "get"|"exists"|"evict", "store", "key", "cap", "user", "evict"}
-  tag 2  server -> consumer  JSON {"ok": true, "size": n} | {"ok": true, "exists": bool} | {"ok": true, "evicted": bool}
-                                  | {"ok": false, "code": "denied"|"missing"|"invalid"|"busy", "reason": ...}
-  tag 3  server -> consumer  the object's bytes (after an ok reply to "get")
+The channel protocol (requests, replies, tags) is skyfn/protocol/objects.py, which the
+object server speaks too. This connector only moves bytes: the store (skyfn/data/store.py)
+checks capabilities, decodes and caches, also for refs of stores this process does not know.
 """
 from __future__ import annotations
 
@@ -43,12 +41,10 @@ import time
 from typing import Any, ClassVar, Optional, Sequence
 
 from skyfn.data import context
+from skyfn.data.connectors.base import KEY_CHARS
 from skyfn.data.errors import DataConfigError, DataError, RefAccessDenied, RefResolutionError
+from skyfn.protocol.objects import PROTOCOL_VERSION, SECRET_ENV, TAG_DATA, TAG_REPLY, TAG_REQUEST, TOKEN_ENV
 
-TOKEN_ENV = "SKYFN_DIRECT_TOKEN"
-SECRET_ENV = "SKYFN_RENDEZVOUS_SECRET"
-TAG_REQUEST, TAG_REPLY, TAG_DATA = 1, 2, 3
-PROTOCOL_VERSION = 1
 CHANNEL_REUSE_S = 100.0       # a consumer reuses an idle channel this long (servers close after 120 s idle)
 MAX_IDLE_CHANNELS = 4         # idle channels kept per object server and process
 
@@ -92,9 +88,7 @@ def rendezvous_token(name: str, token_env: str = TOKEN_ENV, token_file: Optional
 
 def object_path(directory: str, key: str) -> str:
     """Where `key` lives in the directory (the file connector's layout; `.ttl` beside it)."""
-    from skyfn.data.connectors.file import _SAFE
-
-    if not isinstance(key, str) or not key or not set(key) <= _SAFE or key.startswith("."):
+    if not isinstance(key, str) or not key or not set(key) <= KEY_CHARS or key.startswith("."):
         raise ValueError(f"key {key!r} is not a plain name (letters, digits, '-', '_', '.')")
     return os.path.join(directory, key)
 
@@ -401,91 +395,3 @@ class DirectConnector:
             return head, data
         raise AssertionError("unreachable")
 
-
-# ---- refs of stores this process does not know ---------------------------------------------------
-
-def resolve_without_store(info) -> Any:
-    """Resolve a direct ref (a RefInfo) in a process that does not know its store and so has
-    no secret to check the capability with -- a task on another endpoint: the object server
-    checks it (and the user) where the bytes are. Cached per process under the exact
-    capability the server accepted, so a cache hit is checked against the asking user and
-    the expiry from that capability alone."""
-    from skyfn.data import capability, codec
-    from skyfn.data.store import cache
-
-    user = context.current_user()
-    ck = (info.store, info.key, info.capability)
-    hit = cache.get(ck)
-    if hit is not None:
-        cap = capability.peek(info.capability)
-        if cap.expires is not None and time.time() > cap.expires:
-            cache.drop(ck)
-        elif not cap.allows(user):
-            raise RefAccessDenied(info.store, info.key, f"it belongs to {cap.owner} and is not shared with "
-                                  f"{user or 'an unknown user'}: ask its owner to share it "
-                                  "(store.ref(obj, share_with=[...]))")
-        else:
-            return hit[0]
-    data = DirectConnector.from_config(info.connector).get_for(info, user)
-    if data is None:
-        raise RefResolutionError(info.store, info.key, "no such object: evicted by its owner, past its TTL, or "
-                                 "already used (a ref made with evict=True resolves once)")
-    obj = codec.decode(data)
-    if not info.evict:
-        cache.put(ck, obj, info.size)
-    return obj
-
-
-def evict_ref(info) -> bool:
-    """Evict a direct ref (a RefInfo) as this process's user, wherever its endpoint is (the
-    owner's Executor evicting refs after their tasks, from a laptop)."""
-    from skyfn.data.store import cache
-
-    cache.drop((info.store, info.key))
-    cache.drop((info.store, info.key, info.capability))
-    return DirectConnector.from_config(info.connector).evict_for(info, context.current_user())
-
-
-# ---- for benchmarks: a producer's connector with its own rendezvous and object server ----------
-
-_bench_processes: list = []
-
-
-def benchmark_connector(store: str, secret, *, directory: Optional[str] = None) -> DirectConnector:
-    """The producer's connector of a loopback direct path, for benchmarks (benchmarks/data.py):
-    starts a rendezvous server and the object server of `store` (secret: hex or bytes, the
-    Store's) as child processes on 127.0.0.1, sets a fresh SKYFN_RENDEZVOUS_SECRET and
-    SKYFN_ENDPOINT_ID=bench-consumer in this process's environment (spawned consumers
-    inherit them: they are "another endpoint"), and returns a connector that is local here
-    (`local=True`) while consumers rebuilt from its `config()` in other processes pull
-    through the object server over a punched channel. `stop_benchmark()` (also at exit)
-    stops both servers by PID and removes the directory."""
-    import secrets as _secrets
-    import shutil
-
-    from endpoint_agent.object_server import STORE_SECRET_ENV, start_process
-    from rendezvous import serve_in_process
-
-    rdv_secret = _secrets.token_hex(16)
-    os.environ[SECRET_ENV] = rdv_secret
-    os.environ[context.ENDPOINT_ENV] = "bench-consumer"
-    rdv = serve_in_process("127.0.0.1", 0, rdv_secret)
-    _bench_processes.append(rdv)
-    name = f"objects.bench-{os.getpid()}-{len(_bench_processes)}"
-    directory = directory or default_directory(name)
-    secret_hex = secret.hex() if isinstance(secret, (bytes, bytearray)) else str(secret)
-    server = start_process(["--rendezvous", rdv.address, "--name", name, "--store", store, "--directory", directory,
-                            "--endpoint-id", "bench-producer", "--log-level", "warning"],
-                           env={SECRET_ENV: rdv_secret, STORE_SECRET_ENV: secret_hex})
-    _bench_processes.append(server)
-    _bench_processes.append(lambda: shutil.rmtree(directory, ignore_errors=True))
-    return DirectConnector(rdv.address, name, directory, endpoint_id="bench-producer", local=True)
-
-
-@atexit.register
-def stop_benchmark() -> None:
-    """Stop what benchmark_connector started (in reverse order), by PID."""
-    close_channels()
-    while _bench_processes:
-        item = _bench_processes.pop()
-        item() if callable(item) else item.stop()

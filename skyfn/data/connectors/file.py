@@ -9,7 +9,7 @@ import os
 import time
 from typing import ClassVar, Optional, Sequence
 
-_SAFE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+from skyfn.data.connectors.base import KEY_CHARS
 
 
 class FileConnector:
@@ -20,7 +20,7 @@ class FileConnector:
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
 
     def _path(self, key: str) -> str:
-        if not key or not set(key) <= _SAFE or key.startswith("."):
+        if not key or not set(key) <= KEY_CHARS or key.startswith("."):
             raise ValueError(f"key {key!r} is not a plain name (letters, digits, '-', '_', '.')")
         return os.path.join(self.directory, key)
 

@@ -9,9 +9,10 @@ Two ways in, one module:
   the environment (`AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`: moto, MinIO), the region
   from `region`, else the environment. The service also presigns with it
   (`presign_upload`, `presign_prefix_upload`, `presign_download`).
-- **presigned** (`upload_with_form`, `download_url`): plain HTTPS with a presigned POST
-  form or GET URL, no AWS credentials, no boto3 -- what the SDK and the endpoint's workers
-  use for large arguments and results (skyfn.protocol.blobs).
+- **presigned** (`upload_with_form`, `download_url`, defined in skyfn.protocol.blobs beside
+  the blob references they move, which the wire contract must not import this package
+  for): plain HTTPS with a presigned POST form or GET URL, no AWS credentials, no boto3 --
+  what the SDK and the endpoint's workers use for large arguments and results.
 
 Lifetimes: `put(..., ttl=)` stores the expiry (epoch seconds) in the object's metadata
 (`x-amz-meta-skyfn-expires`); `get` and `exists` treat an object past it as gone and delete
@@ -32,42 +33,14 @@ import os
 import time
 from typing import Any, ClassVar, Optional, Sequence
 
+from skyfn.protocol.blobs import download_url, upload_with_form
+
 DEFAULT_PREFIX = "skyfn/d/"
 MULTIPART_BYTES = 64 << 20     # above this: multipart upload, ranged parallel download
 PART_BYTES = 16 << 20
 EXPIRES_META = "skyfn-expires"  # x-amz-meta-skyfn-expires: epoch seconds
 TTL_TAG = "skyfn-ttl-days"
 TTL_DAY_CLASSES = (1, 7, 30)
-HTTP_TIMEOUT = 300.0
-
-
-# --- presigned transfers: no credentials, no boto3 ---------------------------------------
-
-def upload_with_form(form: dict, data: Any, key: Optional[str] = None, timeout: float = HTTP_TIMEOUT) -> str:
-    """POST `data` (bytes-like, or a sequence of frames) with a presigned form {url, fields};
-    returns the key it was stored at. A form for a prefix (fields key '<prefix>${filename}')
-    stores at `key`. S3 enforces the form's conditions (size range, key prefix, expiry)."""
-    import requests
-
-    fields = dict(form["fields"])
-    if key is not None:
-        fields["key"] = key
-    if isinstance(data, (list, tuple)):
-        data = b"".join(data)
-    resp = requests.post(form["url"], data=fields, files={"file": ("blob", data)}, timeout=timeout)
-    if resp.status_code >= 300:
-        raise OSError(f"upload to S3 refused with {resp.status_code}: {resp.text[:300]}")
-    return fields["key"]
-
-
-def download_url(url: str, timeout: float = HTTP_TIMEOUT) -> bytes:
-    """The bytes behind a presigned GET URL."""
-    import requests
-
-    resp = requests.get(url, timeout=timeout)
-    if resp.status_code != 200:
-        raise OSError(f"download from S3 refused with {resp.status_code}: {resp.text[:300]}")
-    return resp.content
 
 
 # --- helpers for the credentialed connector ------------------------------------------------

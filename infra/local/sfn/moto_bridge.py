@@ -1,0 +1,131 @@
+"""moto in server mode, with its Lambda invocations of skyfn's step handlers running the
+real handler code. moto's Step Functions interpreter invokes a Task state's Lambda
+through moto's own Lambda API, and moto runs no Lambda code without Docker (an invoke
+echoes its input); this entry point makes the invoke of a function whose Handler is one
+of ours run that handler, so state machines under moto execute real code.
+
+    python -m infra.local.sfn.moto_bridge -H 127.0.0.1 -p PORT
+
+Each such function gets its own pool of Lambda-like execution environments
+(infra.local.lambda_pool: one process per environment, warm, one event at a time) with
+the function's Environment variables, as on AWS. Only handlers listed in
+stepfunctions.catalog (plus SKYFN_BRIDGE_EXTRA_HANDLERS, comma-separated) are run; any
+other function keeps moto's behaviour. The interpreter reaches the Lambda API at
+localhost:$MOTO_PORT, so MOTO_PORT is set to the served port here.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import uuid
+
+log = logging.getLogger("skyfn.moto_bridge")
+
+_pools: dict[tuple, object] = {}
+_pools_lock = threading.Lock()
+
+
+def allowed_handlers() -> set[str]:
+    from stepfunctions.catalog import STEPS
+
+    extra = {h.strip() for h in os.environ.get("SKYFN_BRIDGE_EXTRA_HANDLERS", "").split(",") if h.strip()}
+    return {s.handler for s in STEPS.values()} | extra
+
+
+def _pool(fn) -> object:
+    from infra.local.lambda_pool import LambdaPool
+
+    env = dict(fn.environment_vars or {})
+    key = (fn.function_arn, fn.handler, tuple(sorted(env.items())))
+    with _pools_lock:
+        pool = _pools.get(key)
+        if pool is None:
+            module, _, attr = fn.handler.rpartition(".")
+            max_workers = int(os.environ.get("SKYFN_BRIDGE_MAX_WORKERS", "8"))
+            pool = LambdaPool(f"{module}:{attr}", min_workers=1, max_workers=max_workers, env=env,
+                              start_timeout=60.0).start()
+            _pools[key] = pool
+            log.info("execution environments for %s (%s) started", fn.function_name, fn.handler)
+        return pool
+
+
+def _error_payload(error_type: str, message: str, trace: str = "") -> bytes:
+    return json.dumps({"errorType": error_type, "errorMessage": message,
+                       "stackTrace": trace.splitlines()[-20:]}).encode()
+
+
+def invoke_handler(fn, body, request_headers, response_headers) -> bytes:
+    """Run `fn`'s handler on the event in `body`; a Lambda invoke's response payload."""
+    from infra.local.lambda_pool import HandlerFailed, HandlerTimedOut
+
+    try:
+        event = json.loads(body) if body else {}
+    except ValueError:
+        event = body
+    timeout = float(fn.timeout or 3)
+    try:
+        answer = _pool(fn).invoke(event, fn.function_name, timeout, str(uuid.uuid4()))
+        payload = json.dumps(answer).encode()
+    except HandlerFailed as exc:
+        name, _, message = str(exc).partition(": ")
+        response_headers["x-amz-function-error"] = "Unhandled"
+        payload = _error_payload(name or "Exception", message or str(exc), exc.remote_traceback)
+    except HandlerTimedOut:
+        response_headers["x-amz-function-error"] = "Unhandled"
+        payload = _error_payload("Sandbox.Timedout", f"Task timed out after {timeout:.2f} seconds")
+    except (TypeError, ValueError) as exc:  # an answer that is not JSON
+        response_headers["x-amz-function-error"] = "Unhandled"
+        payload = _error_payload("Runtime.MarshalError", f"Unable to marshal response: {exc}")
+    response_headers["Content-Length"] = str(len(payload))
+    return payload
+
+
+def install() -> None:
+    """Patch the invoke of moto's Lambda backends (idempotent). With use_docker false moto
+    serves Lambda from LambdaSimpleBackend, whose invoke echoes; with Docker from
+    LambdaBackend. Both are patched: our handlers run either way."""
+    from moto.awslambda.models import LambdaBackend
+    from moto.awslambda_simple.models import LambdaSimpleBackend
+
+    allowed = allowed_handlers()
+    for backend in (LambdaBackend, LambdaSimpleBackend):
+        original = backend.__dict__.get("invoke")
+        if original is None or getattr(original, "_skyfn_bridge", False):
+            continue
+
+        def invoke(self, function_name, qualifier, body, headers, response_headers, _original=original):
+            fn = self.get_function(function_name, qualifier)
+            if fn.handler in allowed:
+                return invoke_handler(fn, body, headers, response_headers)
+            return _original(self, function_name, qualifier, body, headers, response_headers)
+
+        invoke._skyfn_bridge = True
+        backend.invoke = invoke
+
+
+def _port(argv: list[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg in ("-p", "--port") and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--port="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    port = _port(argv)
+    if port:
+        os.environ["MOTO_PORT"] = port
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install()
+    from moto.server import main as moto_main
+
+    moto_main(argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""The hot task store in Redis: task records (payload, state, events, result), the
+idempotency keys, lease deadlines, completion notifications and the history outbox.
+
+Every state change is an atomic compare-and-set in a Lua script that takes a whole
+batch at once, so a batch of 10,000 tasks costs a handful of round trips. Key layout:
+
+  t:<task>         hash: o owner, f function, e endpoint, sub submission, s state,
+                   r retries, mr max retries, c created, ev events
+                   ('STATE@ts;' appended), res result, err error, why reason,
+                   rt retrieved at, h 1 once written to the durable history
+  leases           zset task -> lease deadline (DISPATCHED/RUNNING tasks)
+  purge            zset task -> time its record may be dropped from Redis
+  done:<owner>     stream of completed task ids, read by long-polling status calls; every
+                   script that writes final states adds one entry per owner and returns it
+                   (prev, id, ids) as a Notice, which the results push announces
+  outbox           list of history records to write to DynamoDB off the hot path
+  idem:<owner>:<k> cached answer of a submission with an idempotency key
+  load:<endpoint>  hash: function tag ('_' untagged) -> tasks queued to or running on the
+                   endpoint, not yet final; changed in the same scripts as the states
+                   (placement's live state at service level: lambdas/core/tasks/groups.py)
+  memo:<owner>:<k> a memoized task's result (skyfn.protocol.memo key k), written by the
+                   script that stores the SUCCEEDED result of a task created with 'mk' = k
+  recent:<owner>   zset task -> created: the owner's latest RECENT_MAX tasks (GET /tasks,
+                   reports and the status page; older ones come from the durable history);
+                   first:<owner> the time of the owner's first task (tells whether it is complete)
+  ds:<session>     hash: o owner, e endpoint, f:<function> 1: a direct session
+                   (lambdas/core/tasks/sessions.py), whose reported results _DIRECT records
+
+Modules, one concern each: rows (what the store returns: TaskRow, Notice, states),
+scripts (the Lua scripts of every state change), store (TaskStore: the task records'
+lifecycle, memoization and reads), done (the completion streams done:<owner> that the
+status long-poll and the results push read), idempotency (idem:<owner>:<k>) and outbox
+(the history outbox and the purge of archived records). TaskStore combines them.
+"""

@@ -1,0 +1,210 @@
+"""TaskStore: batch operations on the hot task store (lambdas/adapters/redis_store) --
+creating tasks, memo hits, results and progress from agents, expired leases, cancels and
+reads -- each state change one of the scripts; with the idempotency keys, the completion
+streams and the history outbox of their own modules."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+import redis
+
+from lambdas.adapters.redis_store.done import DoneStreams
+from lambdas.adapters.redis_store.idempotency import IdempotencyKeys
+from lambdas.adapters.redis_store.outbox import HistoryOutbox
+from lambdas.adapters.redis_store.rows import CANCEL_REASON, RECENT_MAX, Notice, TaskRow, decoded
+from lambdas.adapters.redis_store.scripts import (CANCEL, CREATE, DIRECT, EXPIRE, FINISH, MEMO_HIT, PROGRESS,
+                                                  RETRIEVED, STATUS)
+from skyfn.protocol.queues.redis_streams import SOCKET_TIMEOUT_S
+from skyfn.protocol.states import parse_events
+
+
+class TaskStore(IdempotencyKeys, DoneStreams, HistoryOutbox):
+    """Batch operations on the hot task store."""
+
+    def __init__(self, client: redis.Redis, result_ttl: float = 600.0, unretrieved_ttl: float = 7 * 86400.0,
+                 memo_ttl: float = 7 * 86400.0):
+        self.r = client
+        self.result_ttl = result_ttl
+        self.unretrieved_ttl = unretrieved_ttl
+        self.memo_ttl = memo_ttl
+        self._memo_hit = client.register_script(MEMO_HIT)
+        self._create = client.register_script(CREATE)
+        self._finish = client.register_script(FINISH)
+        self._progress = client.register_script(PROGRESS)
+        self._expire = client.register_script(EXPIRE)
+        self._cancel = client.register_script(CANCEL)
+        self._status = client.register_script(STATUS)
+        self._retrieved = client.register_script(RETRIEVED)
+        self._direct = client.register_script(DIRECT)
+
+    @classmethod
+    def from_url(cls, url: str, **kw: Any) -> "TaskStore":
+        return cls(redis.Redis.from_url(url, socket_keepalive=True, health_check_interval=30,
+                                        socket_timeout=SOCKET_TIMEOUT_S), **kw)
+
+    # --- submission -------------------------------------------------------------
+    def create(self, owner: str, submission_id: str, rows: list[list[Any]], created: float, queued: float,
+               submission_record: dict[str, Any] | None = None, only_if_new: bool = False) -> int:
+        """rows: [task_id, function_id, endpoint_id, max_retries(, function tag(, memo key))];
+        all start QUEUED and count in load:<endpoint> until final (an empty
+        endpoint_id: none). A task with a memo key caches its result when it SUCCEEDS.
+        `submission_record` goes to the history outbox in the same script (see
+        enqueue_submission_record). Returns how many were created, or -1, creating
+        nothing, when `only_if_new` and the first task exists (a retried submission)."""
+        args = [orjson.dumps(rows), f"{created:.6f}", owner, submission_id, f"{queued:.6f}", RECENT_MAX,
+                "1" if only_if_new else "0"]
+        if submission_record is not None:
+            args.append(b"sub:" + orjson.dumps(submission_record))
+        return int(self._create(args=args))
+
+    # --- memoization (skyfn.protocol.memo) -----------------------------------------
+    def memo_lookup(self, owner: str, keys: list[str]) -> list[str | None]:
+        """The cached result for each memo key, or None."""
+        if not keys:
+            return []
+        return [decoded(v) for v in self.r.mget([f"memo:{owner}:{k}" for k in keys])]
+
+    def create_memo_hits(self, owner: str, submission_id: str, rows: list[list[Any]], created: float) -> int:
+        """rows: [task_id, function_id, endpoint_id, cached result, memo key, function tag]:
+        tasks answered from the cache, stored SUCCEEDED at once (ids that exist are left
+        alone: a retried submission). Returns how many were created."""
+        return self.create_memo_hits_notify(owner, submission_id, rows, created)[0]
+
+    def create_memo_hits_notify(self, owner: str, submission_id: str, rows: list[list[Any]],
+                                created: float) -> tuple[int, list[Notice]]:
+        """create_memo_hits, and the completion-stream entry it added (for the results push)."""
+        if not rows:
+            return 0, []
+        out = self._memo_hit(args=[orjson.dumps(rows), f"{created:.6f}", f"{time.time():.6f}", owner,
+                                   submission_id, self.unretrieved_ttl])
+        if int(out[0]) == 0:
+            return 0, []
+        ids = decoded(out[3]).split(",")  # those created: ids that existed (a retried submission) are not in it
+        created = set(ids)
+        return len(ids), [Notice(owner, decoded(out[1]), decoded(out[2]), ids,
+                                 {r[0]: ("SUCCEEDED", r[3], None, None) for r in rows if r[0] in created})]
+
+    def fail_unqueued(self, task_ids: list[str], reason: str) -> list[Notice]:
+        """Tasks stored but never enqueued (the queue refused them) are failed, not left
+        hanging. Returns the notices of those it failed (for push.notify)."""
+        return self.finish([[tid, "FAILED", None, None, reason, ""] for tid in task_ids])[3]
+
+    # --- results and progress from agents ---------------------------------------
+    def finish(self, rows: list[list[Any]], endpoint_id: str = "") -> tuple[int, int, int, list[Notice]]:
+        """rows: [task_id, state, result, error, reason, agent events 'S@ts;...'
+        (, stdout, stderr)]. With `endpoint_id` (results from an agent), only tasks routed
+        to that endpoint are finished; others count as unknown. Returns (stored, duplicates
+        ignored, unknown ids, notices): one notice per owner, with the statuses stored."""
+        stored, dup, unknown, notices = self.finish_notify(rows, endpoint_id)
+        if notices:
+            by_id = {r[0]: r for r in rows}
+            for n in notices:
+                n.statuses = {tid: (by_id[tid][1], by_id[tid][2], by_id[tid][3], by_id[tid][4]) for tid in n.ids}
+        return stored, dup, unknown, notices
+
+    def finish_notify(self, rows: list[list[Any]], endpoint_id: str = "") -> tuple[int, int, int, list[Notice]]:
+        """finish for the results function's hot path: the notices come without statuses
+        (the caller passes its rows' to push.notify)."""
+        stored, dup, unknown, raw = self._finish(args=[orjson.dumps(rows), f"{time.time():.6f}", self.unretrieved_ttl,
+                                                       endpoint_id, int(self.memo_ttl)])
+        notices = [Notice(decoded(owner), decoded(prev), decoded(entry), decoded(csv).split(","))
+                   for owner, prev, entry, csv in raw or ()]
+        return int(stored), int(dup), int(unknown), notices
+
+    def record_direct(self, rows: list[list[Any]], endpoint_id: str) -> tuple[int, int, int]:
+        """Tasks of direct sessions, created final: rows [task_id, session, function_id,
+        state, result, error, reason, events 'S@ts;...' from CREATED on, stdout, stderr,
+        created]. Only rows whose session record ds:<session> is `endpoint_id`'s and names
+        the function are stored, with the session's owner; the others count as unknown,
+        tasks that exist already as duplicates. Returns (stored, duplicates, unknown)."""
+        stored, dup, unknown = self._direct(args=[orjson.dumps(rows), f"{time.time():.6f}", self.result_ttl,
+                                                  endpoint_id, RECENT_MAX])
+        return int(stored), int(dup), int(unknown)
+
+    def mark_retrieved(self, task_ids: list[str]) -> None:
+        """Results handed to their owner by the push: purged result_ttl from now, as if read."""
+        if not task_ids:
+            return
+        self._retrieved(args=[f"{time.time():.6f}", self.result_ttl, *task_ids])
+
+    def progress(self, rows: list[list[Any]], endpoint_id: str = "") -> int:
+        """rows: [task_id, DISPATCHED|RUNNING|LEASE, ts, lease_seconds]; with `endpoint_id`,
+        only tasks routed to that endpoint move."""
+        return int(self._progress(args=[orjson.dumps(rows), f"{time.time():.6f}", endpoint_id]))
+
+    def expire_leases(self, limit: int = 5000) -> tuple[int, int, list[Notice]]:
+        """Expired leases: (requeued, failed past their retry budget, notices of the failed)."""
+        requeued, failed, raw = self._expire(args=[f"{time.time():.6f}", limit, self.unretrieved_ttl])
+        notices = []
+        for owner, prev, entry, csv, reasons in raw or ():
+            ids = decoded(csv).split(",")
+            notices.append(Notice(decoded(owner), decoded(prev), decoded(entry), ids,
+                                  {tid: ("FAILED", None, None, decoded(why)) for tid, why in zip(ids, reasons)}))
+        return int(requeued), int(failed), notices
+
+    def cancel(self, owner: str, task_id: str) -> tuple[str, str | None, list[Notice]] | None:
+        """('OK', endpoint, notices) when cancelled (the notice only when cancelled now: a
+        retried cancel succeeds again, unannounced), (final state, None, []) when it finished
+        otherwise, None when unknown."""
+        out = self._cancel(args=[task_id, owner, f"{time.time():.6f}", self.result_ttl, CANCEL_REASON])
+        if not out:
+            return None
+        notices = []
+        if len(out) > 2:
+            notices.append(Notice(owner, decoded(out[2]), decoded(out[3]), [task_id],
+                                  {task_id: ("CANCELLED", None, None, CANCEL_REASON)}))
+        return decoded(out[0]), decoded(out[1]), notices
+
+    # --- reads ---------------------------------------------------------------------
+    def status(self, owner: str, task_ids: list[str], with_events: bool = False,
+               mark_retrieved: bool = True) -> dict[str, TaskRow | None]:
+        raw = self._status(args=[orjson.dumps(task_ids), owner, f"{time.time():.6f}", self.result_ttl,
+                                 "1" if with_events else "0", "1" if mark_retrieved else "0"])
+        out: dict[str, TaskRow | None] = {}
+        for tid, v in zip(task_ids, raw):
+            if not v:
+                out[tid] = None
+                continue
+            ev = decoded(v[5])
+            out[tid] = TaskRow(tid, decoded(v[0]), decoded(v[1]), decoded(v[2]), decoded(v[3]), int(v[4]),
+                               parse_events(ev) if ev is not None else None, decoded(v[6]), decoded(v[7]))
+        return out
+
+    def recent(self, owner: str, since: float, limit: int) -> tuple[list[dict[str, str]], list[str], float | None]:
+        """The owner's tasks created at or after `since`, newest first (at most `limit`):
+        (records still in the hot store, with 'task_id'; ids whose record was purged; the
+        time from which the index is complete, None when it may miss older ones)."""
+        key = f"recent:{owner}"
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zrevrangebyscore(key, "+inf", since, start=0, num=limit)
+        pipe.zrange(key, 0, 0, withscores=True)
+        pipe.zcard(key)
+        pipe.get(f"first:{owner}")
+        got, oldest, size, first = pipe.execute()
+        ids = [i.decode() for i in got]
+        if not oldest:  # nothing indexed: complete if the owner never submitted anything
+            complete_from = 0.0 if first is None else None
+        elif size >= RECENT_MAX or (first is not None and float(first) < float(oldest[0][1]) - 1):
+            complete_from = float(oldest[0][1])  # trimmed, or expired after a month idle
+        else:
+            complete_from = 0.0  # every task the owner ever submitted is in it
+        fields = ("o", "f", "e", "s", "c", "ev", "r", "why")
+        pipe = self.r.pipeline(transaction=False)
+        for tid in ids:
+            pipe.hmget(f"t:{tid}", fields)
+        out = []
+        missing = []
+        for tid, values in zip(ids, pipe.execute() if ids else []):
+            if values[0] is not None:
+                rec = {k: v.decode() for k, v in zip(fields, values) if v is not None}
+                rec["task_id"] = tid
+                out.append(rec)
+            else:
+                missing.append(tid)
+        return out, missing, complete_from
+
+    def record(self, task_id: str) -> dict[str, str]:
+        raw = self.r.hgetall(f"t:{task_id}")
+        return {k.decode(): v.decode() for k, v in raw.items()}

@@ -1,0 +1,164 @@
+"""Authorization: who may do what with a function, an endpoint or an endpoint group.
+
+The owner (who registered it) may do everything. The owner shares an object with a user
+(`user:<id>`) or a team (`team:<id>`, lambdas/core/identity/teams.py) with a role:
+  run     use it: run the function, send tasks to the endpoint or group, read its record;
+  manage  run, plus: grant and revoke `run` to others, heartbeat the endpoint (agents
+          run by a co-manager), rotate its agent credential.
+Granting or revoking `manage`, and deleting shares of others, stays with the owner.
+
+A caller with no role gets 404 (the object's existence is not revealed); a caller with a
+role too small for the action gets 403 naming the role needed. Tasks and their results
+are not shared: only the submitter reads them (lambdas/core/tasks/tasks.py checks the owner).
+
+Grants live in DynamoDB (endpoints table, item `share#<kind>#<id>`, map `grants`) and in
+Redis (`share:<kind>:<id>`, hash principal -> role), which every check reads: there is no
+per-process cache, so a revoke takes effect for the next request. The Redis copy is
+filled from DynamoDB by a script that writes only when the hash is absent, so a fill that
+raced with a revoke cannot bring the revoked grant back.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from lambdas.core import deps
+from lambdas.core.errors import Forbidden, NotFound, ServiceError
+
+KINDS = ("function", "endpoint", "endpoint-group")
+ROLES = ("run", "manage")
+RANK = {"run": 1, "manage": 2, "owner": 3}
+_EMPTY = "-"  # field of a filled hash with no grants
+
+_FILL = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV))
+return 1
+"""
+
+
+class InvalidShare(ServiceError):
+    status = 422
+    code = "invalid_share"
+
+
+def _key(kind: str, obj_id: str) -> str:
+    return f"share:{kind}:{obj_id}"
+
+
+def _item_key(kind: str, obj_id: str) -> str:
+    return f"share#{kind}#{obj_id}"
+
+
+def grants(kind: str, obj_id: str) -> dict[str, str]:
+    """principal -> role of every share of the object."""
+    r = deps.redis_client()
+    raw = r.hgetall(_key(kind, obj_id))
+    if not raw:
+        item = deps.dynamo().endpoints.get_item(Key={"endpoint_id": _item_key(kind, obj_id)},
+                                                ConsistentRead=True).get("Item") or {}
+        found = {str(k): str(v) for k, v in (item.get("grants") or {}).items()}
+        flat = [x for kv in found.items() for x in kv] or [_EMPTY, ""]
+        r.eval(_FILL, 1, _key(kind, obj_id), *flat)
+        raw = r.hgetall(_key(kind, obj_id))
+    return {k.decode(): v.decode() for k, v in raw.items() if k.decode() != _EMPTY}
+
+
+def role(kind: str, obj_id: str, owner: str, user: str) -> Optional[str]:
+    """'owner', 'manage', 'run' or None."""
+    if user == owner:
+        return "owner"
+    shared = grants(kind, obj_id)
+    if not shared:
+        return None
+    best = shared.get(f"user:{user}")
+    team_grants = {p[5:]: r for p, r in shared.items() if p.startswith("team:")}
+    if team_grants:
+        from lambdas.core.identity import teams
+
+        for team_id in teams.teams_of(user) & set(team_grants):
+            if best is None or RANK[team_grants[team_id]] > RANK[best]:
+                best = team_grants[team_id]
+    return best
+
+
+def require(kind: str, obj_id: str, owner: Optional[str], user: str, need: str, what: str) -> str:
+    """The caller's role, if at least `need`; else NotFound (no role) or Forbidden."""
+    got = role(kind, obj_id, owner, user) if owner is not None else None
+    if got is None:
+        raise NotFound(f"{what} not found")
+    if RANK[got] < RANK[need]:
+        raise Forbidden(f"{what}: your role is '{got}', this needs '{need}' (ask its owner to share it with "
+                        f"role '{need}')")
+    return got
+
+
+def allows(kind: str, obj_id: str, owner: str, user: str, need: str = "run") -> bool:
+    got = role(kind, obj_id, owner, user)
+    return got is not None and RANK[got] >= RANK[need]
+
+
+# --- changing shares --------------------------------------------------------------------
+def check_principal(principal: str) -> str:
+    kind, _, name = principal.partition(":")
+    if kind not in ("user", "team") or not name or len(principal) > 200:
+        raise InvalidShare(f"principal {principal!r} must be 'user:<user id>' or 'team:<team id>'")
+    return principal
+
+
+def grant(kind: str, obj_id: str, owner: str, caller: str, principal: str, new_role: str) -> dict[str, str]:
+    check_principal(principal)
+    if new_role not in ROLES:
+        raise InvalidShare(f"role {new_role!r} is not one of {', '.join(ROLES)}")
+    mine = require(kind, obj_id, owner, caller, "manage", f"{kind} {obj_id}")
+    if principal == f"user:{owner}":
+        raise InvalidShare(f"user {owner} owns {kind} {obj_id} already")
+    previous = grants(kind, obj_id).get(principal)
+    if mine != "owner" and (new_role == "manage" or previous == "manage"):
+        raise Forbidden(f"{kind} {obj_id}: only its owner grants or changes 'manage'")
+    deps.dynamo().endpoints.update_item(
+        Key={"endpoint_id": _item_key(kind, obj_id)},
+        UpdateExpression="SET grants = if_not_exists(grants, :empty), updated = :t",
+        ExpressionAttributeValues={":empty": {}, ":t": str(time.time())})
+    deps.dynamo().endpoints.update_item(
+        Key={"endpoint_id": _item_key(kind, obj_id)}, UpdateExpression="SET grants.#p = :r",
+        ExpressionAttributeNames={"#p": principal}, ExpressionAttributeValues={":r": new_role})
+    pipe = deps.redis_client().pipeline(transaction=True)
+    pipe.hset(_key(kind, obj_id), principal, new_role)
+    pipe.hdel(_key(kind, obj_id), _EMPTY)
+    if principal.startswith("user:"):
+        pipe.sadd(f"inshares:{principal[5:]}", f"{kind}:{obj_id}")
+    pipe.execute()
+    return grants(kind, obj_id)
+
+
+def revoke(kind: str, obj_id: str, owner: str, caller: str, principal: str) -> dict[str, str]:
+    check_principal(principal)
+    mine = require(kind, obj_id, owner, caller, "manage", f"{kind} {obj_id}")
+    current = grants(kind, obj_id)
+    if principal not in current:
+        raise NotFound(f"{kind} {obj_id} is not shared with {principal}")
+    if mine != "owner" and current[principal] == "manage":
+        raise Forbidden(f"{kind} {obj_id}: only its owner revokes 'manage'")
+    deps.dynamo().endpoints.update_item(
+        Key={"endpoint_id": _item_key(kind, obj_id)}, UpdateExpression="REMOVE grants.#p",
+        ExpressionAttributeNames={"#p": principal})
+    pipe = deps.redis_client().pipeline(transaction=True)
+    pipe.hdel(_key(kind, obj_id), principal)
+    if principal.startswith("user:"):
+        pipe.srem(f"inshares:{principal[5:]}", f"{kind}:{obj_id}")
+    pipe.execute()
+    if len(current) == 1:  # keep the hash present (filled, empty): DynamoDB is not read again
+        deps.redis_client().hsetnx(_key(kind, obj_id), _EMPTY, "")
+    return grants(kind, obj_id)
+
+
+def shared_with(user: str) -> list[dict[str, str]]:
+    """Objects shared with the user directly, with the role (team shares: see the team)."""
+    out = []
+    for member in sorted(m.decode() for m in deps.redis_client().smembers(f"inshares:{user}")):
+        kind, _, obj_id = member.partition(":")
+        r = grants(kind, obj_id).get(f"user:{user}")
+        if r:
+            out.append({"kind": kind, "id": obj_id, "role": r})
+    return out

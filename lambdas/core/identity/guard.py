@@ -1,0 +1,33 @@
+"""What an authenticated caller may reach before routing: endpoint agents only their own
+endpoint's agent routes (connect, heartbeat); everyone within their rate limit
+(lambdas/core/identity/limits.py). Returns (status, body, headers) of the refusal, or None."""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from lambdas.core.identity import limits
+
+_AGENT_ROUTE = re.compile(r"^/endpoints/([A-Za-z0-9-]{1,64})/(heartbeat|connect)$")
+
+
+def _refuse(status: int, code: str, message: str, headers: Optional[dict] = None) -> tuple[int, dict, dict]:
+    return status, {"error": code, "message": message}, headers or {}
+
+
+def check(identity, method: str, path: str) -> Optional[tuple[int, dict, dict]]:
+    if identity.is_agent:
+        m = _AGENT_ROUTE.match(path or "")
+        if method != "POST" or not m or m.group(1) != identity.endpoint_id:
+            return _refuse(403, "forbidden", "an endpoint credential only serves its own endpoint's agent routes "
+                                             "(POST /endpoints/<id>/connect and /heartbeat); use a user token")
+        principal = f"endpoint:{identity.endpoint_id}"
+    else:
+        principal = f"user:{identity.user}"
+    verdict = limits.take(principal)
+    if not verdict.allowed:
+        return _refuse(429, "rate_limited",
+                       f"rate limit of {verdict.rate:g} requests/s (bursts of {verdict.burst:g}) exceeded for "
+                       f"{principal}: retry after {verdict.retry_after:.2f} s, or batch more work per request",
+                       {"Retry-After": limits.retry_after_header(verdict.retry_after)})
+    return None

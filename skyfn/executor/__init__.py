@@ -1,0 +1,18 @@
+"""skyfn.executor: the ``concurrent.futures`` Executor and how its results come back.
+
+One module per role, as Dask's ``distributed.comm`` keeps one per transport:
+
+- ``core``: the Executor (batching of submissions, futures, cancels, the long-poll of
+  POST /tasks/status) and its one background thread;
+- ``push``: results pushed over the service's WebSocket API (the thread waits on the socket);
+- ``direct``: a direct session, tasks straight to the endpoint's agent and results straight back;
+- ``channel``: the small interface (``ChannelPort``) the core hands each channel: the channels
+  touch nothing else of the Executor;
+- ``state``: the state the core shares with its channels under one lock, and how a future
+  resolves exactly once; ``progress``: the progress bar.
+
+    from skyfn.executor import Executor
+"""
+from skyfn.executor.core import Executor, SkyfnFuture
+
+__all__ = ["Executor", "SkyfnFuture"]

@@ -1,0 +1,570 @@
+"""A ``concurrent.futures.Executor`` that runs functions on a skyfn endpoint.
+
+Threading model
+---------------
+* The caller's thread, in ``submit``/``map``: registers each distinct function once
+  (cached by the function object), serializes the arguments (so serialization errors
+  raise right there), creates the future and appends it to the submission queue.
+* ONE background thread (``skyfn-executor``), started on first use (and again after it
+  ended, idle, for ``_IDLE_EXIT`` seconds), does all the I/O:
+    1. sends queued submissions as POST /tasks batches (at ``batch_size`` tasks, as soon as
+       submissions stop arriving, or at the latest ``batch_interval`` seconds after the
+       oldest was queued; ``map`` flushes at once), each request with its own idempotency
+       key so a retried request creates nothing twice;
+    2. sends DELETE /tasks/{id} for futures cancelled by the user;
+    3. gets results: pushed over the service's WebSocket API when it has one (``push``, on
+       unless SKYFN_EXECUTOR_PUSH=0; skyfn/executor/push.py: the thread waits on the socket and a
+       wake-up pipe with one ``select``), else, and whenever the connection is down, by
+       long-polling POST /tasks/status for all outstanding task ids with ``wait`` (the
+       service answers as soon as any is final); futures resolve as results arrive.
+  It never sleeps between polls (the server's long poll paces it); it backs off only
+  after errors. The progress bar, if any, is driven from this thread only (from the
+  direct channel's thread instead, when the executor has one).
+* With ``direct=True`` a second thread (``skyfn-direct``, skyfn/executor/direct.py) takes
+  the submissions instead: it sends them to the endpoint's agent in a direct session the
+  service authorized, and resolves futures from the agent's answers. What it cannot run
+  that way (no session offered, a refusal, the agent lost) it hands back to the queue
+  above, and the service path takes it.
+* Futures are never left hanging: a submission that fails after the transport's retries,
+  or a status poll that keeps failing for ``max_poll_failures`` rounds, sets the error on
+  the futures concerned; an unexpected error in the thread fails every pending future.
+
+The state both threads share lives in one ``State`` (skyfn/executor/state.py) under one lock;
+each channel reaches it only through the ``ChannelPort`` this core hands it
+(skyfn/executor/channel.py).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import sys
+import threading
+import time
+from concurrent.futures import Executor as _BaseExecutor
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FuturesTimeoutError
+from typing import Any, Callable, Iterable, Iterator, Optional, TextIO, Union
+
+from skyfn.client import Client, split_requests, task_options
+from skyfn.executor.channel import ChannelPort
+from skyfn.executor.progress import ProgressBar
+from skyfn.executor.state import State, set_exception
+from skyfn.http import SkyfnAPIError
+from skyfn.protocol.limits import MAX_STATUS_IDS
+from skyfn.protocol.serialize import pack_args
+
+log = logging.getLogger("skyfn.executor")
+
+# A submission stream is considered paused when no new submission arrived for this long.
+_QUIET = 0.0003
+# The background thread ends after this long with nothing to do (a later submit restarts it),
+# so executors that are never shut down do not keep threads forever.
+_IDLE_EXIT = 10.0
+# Long-poll wait while the user is still submitting, so new work is not held up long.
+_BUSY_WAIT = 0.05
+
+
+def _argument_refs(client: Client, data_store: Any, endpoint_name: Optional[str], threshold: int,
+                   evict_refs: bool):
+    """The Executor's ArgumentRefs (skyfn.data.autoref), or None when arguments stay inline."""
+    if data_store is None or data_store is False:
+        return None
+    from skyfn.data import context
+    from skyfn.data.autoref import ArgumentRefs, local_endpoint_store
+    from skyfn.data.store import get_store
+
+    if isinstance(data_store, str) and data_store == "auto":
+        store = local_endpoint_store(endpoint_name) if endpoint_name else None
+    elif isinstance(data_store, str):
+        store = get_store(data_store)
+        if store is None:
+            raise ValueError(f"data_store {data_store!r} is not a store known in this process: create it with "
+                             "skyfn.data.Store(name, connector, secret=...) first, or pass the Store itself")
+    else:
+        store = data_store
+    if store is None:
+        return None
+
+    context.set_user_provider(client.whoami)  # result refs resolve in this process as this user
+    return ArgumentRefs(store, lambda: context.current_user() or client.whoami(), threshold, evict_refs)
+
+
+class SkyfnFuture(Future):
+    """A Future for one skyfn task; ``task_id`` is set once the task is submitted.
+    ``cancel()`` on a pending future also cancels the remote task."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.task_id: Optional[str] = None
+        self._executor: Optional["Executor"] = None
+        self.data_locations: Optional[dict[str, int]] = None  # endpoint id -> bytes of its refs there
+
+    def cancel(self) -> bool:
+        if not super().cancel():
+            return False
+        ex, tid = self._executor, self.task_id
+        if ex is not None and tid is not None:
+            ex._request_cancel(tid)
+        return True
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1] + f" task_id={self.task_id}>"
+
+
+class Executor(_BaseExecutor):
+    """Run Python functions on a skyfn endpoint with the ``concurrent.futures`` API.
+
+    >>> with Executor(endpoint="local") as ex:
+    ...     print(sum(ex.map(pow, range(10), itertools.repeat(2))))
+    """
+
+    def __init__(
+        self,
+        endpoint_id: Optional[str] = None,
+        endpoint: str = "local",
+        client: Optional[Client] = None,
+        batch_size: int = 1000,
+        batch_interval: float = 0.005,
+        progress: Union[bool, TextIO] = False,
+        *,
+        poll_wait: float = 1.0,
+        max_poll_failures: int = 3,
+        container: Optional[str] = None,
+        tag: Optional[str] = None,
+        resource_specification: Optional[dict] = None,
+        walltime: Optional[float] = None,
+        group: Optional[str] = None,
+        memoize: Optional[bool] = None,
+        push: Optional[bool] = None,
+        data_store: Any = "auto",
+        ref_threshold: int = 1 << 20,
+        evict_refs: bool = False,
+        direct: Optional[bool] = None,
+        direct_timeout: float = 5.0,
+    ):
+        self._own_client = client is None
+        self.client = client if client is not None else Client()
+        # group: an endpoint group's id (Client.create_group): its policy places each task
+        self.group_id = group
+        self.endpoint_id = None if group else (endpoint_id or self.client.endpoint_id(endpoint))
+        self.batch_size = max(1, min(int(batch_size), 5_000))
+        self.batch_interval = max(0.0, float(batch_interval))
+        self.poll_wait = max(0.0, float(poll_wait))
+        self.max_poll_failures = max(0, int(max_poll_failures))
+        self.container = container
+        self.tag = tag
+        # Applied to every task: {"cores": n, "gpus": n}; walltime in seconds (TIMED_OUT past it).
+        self._task_options = task_options(resource_specification, walltime)
+        # memoize: True answers calls already made on the same arguments from the service's
+        # cache (no dispatch); False runs them all; None: each function's own setting.
+        self.memoize = memoize
+        # Arguments above ref_threshold bytes travel as refs (skyfn.data): on data_store (a
+        # Store or its name), or with "auto" the endpoint's default store when its agent runs
+        # on this machine; None/False: inline or through the service's S3 path as before.
+        # Refs made here are evicted when their tasks finish; evict_refs: the user's too.
+        self._arg_refs = _argument_refs(self.client, data_store, endpoint if not (endpoint_id or group) else None,
+                                        ref_threshold, evict_refs)
+
+        # shared with the channels, under one lock (skyfn/executor/state.py)
+        self._state = st = State()
+        self._cv = st.cv
+        self._thread: Optional[threading.Thread] = None
+        self._poll_offset = 0
+        self._fn_lock = threading.Lock()
+        self._fn_ids: dict[Any, str] = {}
+        self._bar = ProgressBar(progress, st, lambda: self._direct)
+        # results push (skyfn/executor/push.py); the wake-up pipe interrupts its select
+        self._wake_r, self._wake_w = (-1, -1)
+        self._pushed = None
+        self._direct = None
+        import os
+
+        if push is None:  # the default: on; SKYFN_EXECUTOR_PUSH=0 long-polls only
+            push = os.environ.get("SKYFN_EXECUTOR_PUSH", "1") != "0"
+        if push:
+            from skyfn.executor.push import PushedResults
+            from skyfn.push import ws_url
+
+            self._wake_r, self._wake_w = os.pipe()
+            os.set_blocking(self._wake_r, False)
+            os.set_blocking(self._wake_w, False)
+            self._pushed = PushedResults(self._port("executor"),
+                                         os.environ.get("SKYFN_WS_URL") or ws_url(self.client.service_url),
+                                         self.client.config.token)
+        # direct: tasks straight to the agent and back (skyfn/executor/direct.py) when it
+        # offers a session; the service still authorizes and records them. Off by default
+        # (SKYFN_EXECUTOR_DIRECT=1 turns it on); groups and memoized calls need the service.
+        self.direct_why_not: Optional[str] = None
+        if direct is None:
+            direct = os.environ.get("SKYFN_EXECUTOR_DIRECT", "0") == "1"
+        if direct:
+            self.direct_why_not = ("an endpoint group's policy places tasks at the service" if group else
+                                   "memoized calls are answered from the service's cache" if memoize else None)
+            if self.direct_why_not is None:
+                from skyfn.executor.direct import DirectChannel
+
+                self._direct = DirectChannel(self._port("direct"), self.endpoint_id, direct_timeout)
+                self.direct_why_not = self._direct.why_not
+                if self.direct_why_not is not None:  # pyzmq missing: the service path, as without direct
+                    self._direct = None
+
+    def _port(self, owner: str) -> ChannelPort:
+        """What a channel may use of this executor (skyfn/executor/channel.py)."""
+        return ChannelPort(self._state, self.client, batch_size=self.batch_size, idle_exit=_IDLE_EXIT,
+                           task_options=lambda: self._task_options,
+                           to_service=lambda items: self._enqueue(items, flush=True, via_service=True),
+                           bar=self._bar, owner=owner)
+
+    # -- public API -----------------------------------------------------------------
+    def submit(self, fn: Union[Callable[..., Any], str], /, *args: Any, **kwargs: Any) -> SkyfnFuture:
+        """Schedule ``fn(*args, **kwargs)`` on the endpoint; ``fn`` may also be a function id."""
+        fid = self._function_id(fn)
+        fut = SkyfnFuture()
+        self._enqueue([(fut, fid, self._pack(fut, args, kwargs))], flush=False)
+        return fut
+
+    def _pack(self, fut: SkyfnFuture, args: tuple, kwargs: dict) -> str:
+        refs = self._arg_refs
+        if refs is None:
+            payload = pack_args(args, kwargs)
+        else:
+            payload, made = refs.pack(args, kwargs)
+            refs.track(fut, made)
+        if self.group_id and ("skyfn.data.ref" in sys.modules):  # where its refs live: the group's policy may
+            from skyfn.data.autoref import data_locations      # prefer that endpoint (data_local, affinity data)
+
+            fut.data_locations = data_locations(args, kwargs) or None
+        return payload
+
+    def map(
+        self, fn: Union[Callable[..., Any], str], *iterables: Iterable[Any], timeout: Optional[float] = None, chunksize: int = 1
+    ) -> Iterator[Any]:
+        """Like ``concurrent.futures.Executor.map``; every call is submitted at once (in
+        batches of ``batch_size``), results are yielded in order. ``chunksize`` is
+        accepted for compatibility; batching is the executor's own."""
+        end_time = None if timeout is None else timeout + time.monotonic()
+        fid = self._function_id(fn)
+        fs: list[SkyfnFuture] = []
+        pending: list[tuple[SkyfnFuture, str, str]] = []
+        for args in zip(*iterables):
+            fut = SkyfnFuture()
+            pending.append((fut, fid, self._pack(fut, args, {})))
+            fs.append(fut)
+            if len(pending) >= self.batch_size:
+                self._enqueue(pending, flush=True)
+                pending = []
+        if pending:
+            self._enqueue(pending, flush=True)
+
+        def result_iterator() -> Iterator[Any]:
+            try:
+                fs.reverse()
+                while fs:
+                    if end_time is None:
+                        yield fs.pop().result()
+                    else:
+                        yield fs.pop().result(end_time - time.monotonic())
+            except FuturesTimeoutError:
+                raise
+            finally:
+                for f in fs:
+                    f.cancel()
+
+        return result_iterator()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop accepting work. With ``cancel_futures``, cancel every future not done yet
+        (queued ones locally, submitted ones also remotely; a direct task only locally).
+        With ``wait``, return once every future is done."""
+        st = self._state
+        if self._direct is not None:
+            if cancel_futures:
+                for fut in self._direct.futures():
+                    fut.cancel()
+            # first: what the direct path gives up on goes through the service, below
+            self._direct.close(wait=wait and self._direct.is_alive())
+        with self._cv:
+            st.shutdown = True
+            if cancel_futures:
+                queued, st.queue = st.queue, []
+                st.n_submitted -= len(queued)
+                for fut, _, _ in queued:
+                    fut.cancel()
+                for fut in st.inflight + list(st.outstanding.values()):
+                    fut.cancel()  # submitted: -> _request_cancel; in flight: seen by _send_batch
+            self._cv.notify_all()
+            self._wake()
+            thread = self._thread
+        if wait:
+            if thread is not None:
+                thread.join()
+            self._close_client()
+            if self._wake_r >= 0:
+                import os
+
+                for fd in (self._wake_r, self._wake_w):
+                    os.close(fd)
+                self._wake_r = self._wake_w = -1
+
+    @property
+    def outstanding(self) -> int:
+        """Tasks submitted by this executor whose results have not arrived yet."""
+        st = self._state
+        with self._cv:
+            n = len(st.queue) + len(st.inflight) + len(st.outstanding)
+        return n + (self._direct.pending() if self._direct is not None else 0)
+
+    @property
+    def direct_stats(self) -> dict:
+        """Counters of the direct session (sessions, packs, tasks, results, refused, lost,
+        to_service) and whether it is in use; {} when the executor was made without it."""
+        return self._direct.snapshot() if self._direct is not None else {}
+
+    # -- caller side ----------------------------------------------------------------
+    def _function_id(self, fn: Union[Callable[..., Any], str]) -> str:
+        if isinstance(fn, str):
+            return fn
+        fid = self._fn_ids.get(fn)
+        if fid is None:
+            with self._fn_lock:
+                fid = self._fn_ids.get(fn)
+                if fid is None:
+                    fid = self._fn_ids[fn] = self.client.register_function(fn, tag=self.tag, container=self.container)
+        return fid
+
+    def _enqueue(self, items: list[tuple[SkyfnFuture, str, str]], flush: bool, via_service: bool = False) -> None:
+        """Queue submissions; `via_service`: handed back by the direct channel (already counted)."""
+        st = self._state
+        direct = self._direct
+        with self._cv:
+            if st.broken is not None:
+                raise RuntimeError(f"this skyfn Executor stopped after an internal error: {st.broken!r}")
+            if st.shutdown and not via_service:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            for item in items:
+                item[0]._executor = self
+            if direct is not None and not via_service and direct.usable:
+                st.n_submitted += len(items)
+                direct.submit(items)
+                if direct.ident is None:
+                    direct.start()
+                return
+            if via_service:
+                st.n_submitted -= len(items)  # counted again below
+            now = time.monotonic()
+            if not st.queue:
+                st.first_enqueued = now
+            st.last_enqueued = now
+            st.queue.extend(items)
+            st.n_submitted += len(items)
+            if flush:
+                st.flush_now = True
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="skyfn-executor", daemon=True)
+                self._thread.start()
+            self._cv.notify_all()
+            self._wake()
+
+    def _wake(self) -> None:
+        """Interrupt the thread's select on the push socket (call with _cv held)."""
+        if self._state.selecting:
+            try:
+                import os
+
+                os.write(self._wake_w, b"x")
+            except (BlockingIOError, OSError):
+                pass
+
+    @property
+    def push_stats(self) -> dict:
+        """Counters of the results push (connects, disconnects, pushes, gaps, ...); {} without it."""
+        return dict(self._pushed.stats, connected=self._pushed.connected) if self._pushed is not None else {}
+
+    def _request_cancel(self, task_id: str) -> None:
+        st = self._state
+        with self._cv:
+            if task_id in st.outstanding:
+                st.to_cancel.add(task_id)
+                self._cv.notify_all()
+                self._wake()
+
+    # -- background thread ----------------------------------------------------------
+    def _run(self) -> None:
+        st = self._state
+        try:
+            self._bar.open("executor")
+            while True:
+                batch: list = []
+                cancels: list[str] = []
+                with self._cv:
+                    while True:
+                        if st.to_cancel:
+                            cancels = list(st.to_cancel)
+                            st.to_cancel.clear()
+                            break
+                        if st.queue:
+                            now = time.monotonic()
+                            due = min(st.last_enqueued + _QUIET, st.first_enqueued + self.batch_interval)
+                            # a lone task while nothing is in flight goes at once: waiting for
+                            # company only delays a single call (its round trip)
+                            lone = len(st.queue) == 1 and not st.outstanding and not st.inflight
+                            if (st.flush_now or st.shutdown or lone or len(st.queue) >= self.batch_size
+                                    or now >= due):
+                                batch = st.queue[: self.batch_size]
+                                del st.queue[: len(batch)]
+                                st.inflight = [item[0] for item in batch]
+                                if not st.queue:
+                                    st.flush_now = False
+                                else:
+                                    st.first_enqueued = now
+                                break
+                            self._cv.wait(due - now)
+                            continue
+                        if st.outstanding:
+                            break
+                        if self._pushed is not None and self._pushed.connected and not st.shutdown:
+                            break  # wait on the push socket (it closes itself when idle)
+                        if self._direct is None:
+                            self._bar.update(idle=True)
+                        if st.shutdown:
+                            return
+                        if not self._cv.wait(_IDLE_EXIT) and not (st.queue or st.outstanding or st.to_cancel):
+                            self._thread = None  # idle: end; the next submit starts a new thread
+                            return
+                if cancels:
+                    self._send_cancels(cancels)
+                elif batch:
+                    self._send_batch(batch)
+                    if self._pushed is not None:
+                        self._pushed.drain()
+                elif self._pushed is not None and self._pushed.ensure():
+                    self._pushed.wait(self._wake_r)
+                elif st.outstanding:
+                    self._poll()
+                if self._direct is None:
+                    self._bar.update()
+        except BaseException as exc:  # never leave futures hanging
+            log.exception("skyfn executor thread failed")
+            self._fail_everything(exc)
+        finally:
+            if self._pushed is not None:
+                self._pushed.close()
+            if self._direct is None:
+                self._bar.close()
+
+    def _send_batch(self, batch: list[tuple[SkyfnFuture, str, str]]) -> None:
+        st = self._state
+        if self._pushed is not None and not self._pushed.connected:
+            self._pushed.ensure()  # subscribed before the tasks exist: no catching up needed
+        live = [item for item in batch if not item[0].cancelled()]
+        dropped = len(batch) - len(live)
+        with self._cv:
+            st.inflight = [item[0] for item in live]
+            st.n_submitted -= dropped
+        if not live:
+            return
+        opts = self._task_options
+        tasks = [{"function_id": fid, "payload": payload, **opts} for _, fid, payload in live]
+        for task, (fut, _, _) in zip(tasks, live):
+            if fut.data_locations:
+                task["data_locations"] = fut.data_locations
+        start = 0
+        for chunk in split_requests(tasks, max_tasks=self.batch_size):
+            items = live[start : start + len(chunk)]
+            start += len(chunk)
+            try:
+                ids = self.client.submit_tasks(chunk, self.endpoint_id, group_id=self.group_id, memoize=self.memoize)
+            except Exception as exc:  # already retried with the same idempotency key
+                with self._cv:
+                    st.inflight = st.inflight[len(items):]
+                    st.n_submitted -= len(items)
+                for fut, _, _ in items:
+                    set_exception(fut, exc)
+                continue
+            cancelled = []
+            with self._cv:
+                st.inflight = st.inflight[len(items):]
+                outstanding = st.outstanding
+                for (fut, _, _), tid in zip(items, ids):
+                    fut.task_id = tid
+                    if fut.cancelled():
+                        cancelled.append(tid)
+                    outstanding[tid] = fut
+                if cancelled:
+                    st.to_cancel.update(cancelled)
+
+    def _send_cancels(self, task_ids: list[str]) -> None:
+        for tid in task_ids:
+            try:
+                self.client.cancel(tid)
+            except Exception as exc:  # the local future is cancelled either way
+                log.warning("could not cancel task %s: %s", tid, exc)
+        with self._cv:
+            for tid in task_ids:
+                self._state.outstanding.pop(tid, None)
+
+    def _poll(self) -> None:
+        st = self._state
+        with self._cv:
+            n = len(st.outstanding)
+            if n == 0:
+                return
+            # With every outstanding id in the request, the previous answer's cursor makes
+            # the service return only tasks finished since then (O(finished), not
+            # O(outstanding)). Tasks submitted later finish later, so none is missed.
+            # A partial window must not use it: finishes outside the window would be skipped.
+            whole = n <= MAX_STATUS_IDS
+            if whole:
+                ids = list(st.outstanding)
+            else:  # more than one request holds: rotate through windows, oldest first
+                start = self._poll_offset if self._poll_offset < n else 0
+                ids = list(itertools.islice(st.outstanding, start, start + MAX_STATUS_IDS))
+                self._poll_offset = start + len(ids)
+                st.cursor = None
+            busy = bool(st.queue) or time.monotonic() - st.last_enqueued < self.poll_wait
+        wait = min(self.poll_wait, _BUSY_WAIT) if busy else self.poll_wait
+        t0 = time.monotonic()
+        try:
+            answer = self.client.status(ids, wait=wait, cursor=st.cursor)
+        except Exception as exc:
+            self._poll_failed(ids, exc)
+            return
+        self._poll_failures = 0
+        st.cursor = answer.get("cursor") if whole else None
+        if not st.apply_answer(answer) and wait > 0.05 and time.monotonic() - t0 < wait / 2:
+            time.sleep(0.01)  # the service did not honour wait: do not spin on it
+
+    _poll_failures = 0
+
+    def _poll_failed(self, ids: list[str], exc: Exception) -> None:
+        st = self._state
+        permanent = isinstance(exc, SkyfnAPIError) and 400 <= exc.status < 500 and exc.status != 429
+        self._poll_failures += 1
+        if permanent or self._poll_failures > self.max_poll_failures:
+            log.error("giving up on %d tasks after %d failed status polls: %s", len(ids), self._poll_failures, exc)
+            with self._cv:
+                futs = [st.outstanding.pop(tid) for tid in ids if tid in st.outstanding]
+            for fut in futs:
+                set_exception(fut, exc)
+            self._poll_failures = 0
+            return
+        log.warning("status poll failed (%d/%d): %s", self._poll_failures, self.max_poll_failures, exc)
+        with self._cv:  # back off, but wake for shutdown/cancel
+            self._cv.wait(min(0.2 * 2 ** self._poll_failures, 5.0))
+
+    def _fail_everything(self, exc: BaseException) -> None:
+        st = self._state
+        with self._cv:
+            futs = [item[0] for item in st.queue] + st.inflight + list(st.outstanding.values())
+            st.queue.clear()
+            st.inflight = []
+            st.outstanding.clear()
+            st.broken = exc
+        err = exc if isinstance(exc, Exception) else RuntimeError(f"skyfn executor stopped: {exc!r}")
+        for fut in futs:
+            set_exception(fut, err)
+
+    def _close_client(self) -> None:
+        if self._own_client:
+            self.client.close()
+
