@@ -35,6 +35,16 @@ def nap(seconds):
     return seconds
 
 
+def held(gate):
+    import os
+    import time
+
+    deadline = time.monotonic() + 120  # a safety net only: the test opens the gate
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return gate
+
+
 def cli(*args, stdin=None, timeout=240):
     return subprocess.run([*SKYFN, *args], input=stdin, capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ))
@@ -255,10 +265,16 @@ def test_a_terminal_gets_the_live_board(client, endpoint_id):
     assert "40 tasks, 4 did not succeed: 36 SUCCEEDED, 4 FAILED" in screen
 
 
-def test_ctrl_c_stops_cleanly(client, endpoint_id):
-    ids = submit(client, endpoint_id, nap, [2.0] * 6)
+def test_ctrl_c_stops_cleanly(client, endpoint_id, tmp_path):
+    # The tasks run until the test opens the gate, after the Ctrl-C: on a loaded machine the
+    # CLI can take longer to start than a batch of timed naps takes to finish, and a watch of
+    # a finished batch rightly ends 0 before the SIGINT reaches it.
+    gate = tmp_path / "gate"
+    ids = submit(client, endpoint_id, held, [str(gate)] * 6)
+    # Ctrl-C as in a terminal: a suite started as a background job of a non-interactive shell
+    # (`make test &`) inherits SIGINT ignored, and so would the CLI, which Ctrl-C never reaches
     proc = subprocess.Popen([*SKYFN, *ids], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ))
+                            env=dict(os.environ), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout.readline().startswith("watching 6 tasks on 1 endpoint (")
         first = proc.stdout.readline()  # the first progress line: the watch is under way
@@ -266,6 +282,7 @@ def test_ctrl_c_stops_cleanly(client, endpoint_id):
         proc.send_signal(signal.SIGINT)
         rest, err = proc.communicate(timeout=60)
     finally:
+        gate.touch()
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err
