@@ -1,6 +1,7 @@
 """`skyfn-endpoint`: configure, start, stop, status and list endpoints on this machine.
 
   skyfn-endpoint configure NAME [--force]     write a commented config.yaml template
+  skyfn-endpoint configure --multi-user NAME  the files of a multi-user endpoint (endpoint_agent.multiuser)
   skyfn-endpoint start NAME [--foreground]    run the agent (daemonized by default)
   skyfn-endpoint stop NAME [--timeout S]      SIGTERM the agent and wait for it
   skyfn-endpoint status NAME [--json]         state, pid, endpoint id, task counts
@@ -52,15 +53,39 @@ def _config(paths: EndpointPaths):
 
 
 @app.command()
-def configure(name: str, force: bool = typer.Option(False, "--force", help="overwrite an existing config.yaml")):
+def configure(name: str,
+              force: bool = typer.Option(False, "--force",
+                                         help="overwrite an existing config.yaml (with --multi-user: its files)"),
+              multi_user: bool = typer.Option(False, "--multi-user",
+                                              help="a multi-user endpoint (run by root for many users): "
+                                                   "its config, identity mapping, user config template and "
+                                                   "schema, and user environment")):
     """Write a commented config.yaml template for endpoint NAME."""
     paths = _paths(name)
+    if multi_user:
+        _configure_multi_user(name, paths, force)
+        return
     try:
         path = write_template(paths, force=force)
     except FileExistsError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1)
     typer.echo(f"wrote {path}\nedit it, then: skyfn-endpoint start {name}")
+
+
+def _configure_multi_user(name: str, paths: EndpointPaths, force: bool) -> None:
+    from endpoint_agent.multiuser.configure import write_multi_user_files
+
+    try:
+        written = write_multi_user_files(paths, force=force)
+    except FileExistsError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1)
+    typer.echo("wrote " + "\n      ".join(str(p) for p in written))
+    typer.echo(f"edit them (the identity mapping first); multi-user endpoints are not wired into "
+               f"`skyfn-endpoint start` yet (issue 23)")
+    if os.geteuid() != 0:
+        typer.echo("note: a multi-user endpoint runs as root, to start user agents as other accounts", err=True)
 
 
 @app.command()
