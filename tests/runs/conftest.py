@@ -1,4 +1,5 @@
-"""The embedded runtime for the workflow tests, started as a user starts it (`skyfn local
+"""The embedded runtime for the run tests (package-scoped: it and its environment end with this
+package, so no other suite sees them), started as a user starts it (`skyfn local
 up --detach` in a private SKYFN_HOME): moto through infra.local.sfn.moto_bridge (state
 machines run the real step handlers), the endpoint `local` with 4 workers (an SPMD group
 of 4 runs all its ranks at once), a real rendezvous server, and a short heartbeat
@@ -29,7 +30,7 @@ def _wait_file(path: Path, proc: subprocess.Popen, timeout: float = 15.0) -> str
     raise TimeoutError("the rendezvous server did not report its port")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def rendezvous_server(tmp_path_factory):
     d = tmp_path_factory.mktemp("rendezvous")
     secret = secrets.token_hex(16)
@@ -49,7 +50,7 @@ def rendezvous_server(tmp_path_factory):
             proc.wait(5)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def wf_home(tmp_path_factory, rendezvous_server):
     from infra.local import runtime
 
@@ -88,7 +89,7 @@ def endpoint(client):
     return client.endpoint_id("local")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def offline_endpoint(wf_home):
     """An endpoint that was online once (one heartbeat) and whose agent is gone: the
     reaper marks it offline once the heartbeat timeout (4 s here) has passed."""
