@@ -63,6 +63,10 @@ def test_figure_3_uploads_and_places_as_the_paper_describes(api, eps):
     assert impera_at and impera_at <= {eps["beta"], eps["gamma"]}
     # divide: only where impera runs and heavy does not
     assert set(endpoints_of(api, submit(api, divide, 4, group_id=gid))) <= impera_at
+    # `any` picks at random: 1 time in 32 all six impera land on one of beta and gamma, the
+    # other stays empty and heavy may rightly go there. The paper's scene has impera on both.
+    for name in ("beta", "gamma"):
+        submit(api, impera, 1, endpoint_id=eps[name])
     # heavy: away from divide and impera — alpha, which runs only heavy
     assert endpoints_of(api, submit(api, heavy, 2, group_id=gid)) == [eps["alpha"]] * 2
 
