@@ -11,7 +11,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from infra.local.globus_transfer.model import Task, TransferLog, stamp
 
@@ -25,20 +25,16 @@ class CopyEngine:
     log: TransferLog
     copy_delay: float
     log_file: Optional[str]
-
-    def local_path(self, collection: str, path: str) -> Path:  # TransferStandIn's
-        raise NotImplementedError
+    local_path: Callable[[str, str], Path]  # TransferStandIn's: (collection, path) -> where it is here
 
     def _run(self, task: Task) -> None:
         try:
             if self.copy_delay and task.cancel.wait(self.copy_delay):
-                return self._finish(task, "FAILED", "CANCELED", "The task was canceled by its owner",
-                                    {"code": "CANCELED", "description": "The task was canceled by its owner"})
+                return self._cancelled(task)
             task.nice_status, task.started = "OK", True
             for item in task.items:
                 if task.cancel.is_set():
-                    return self._finish(task, "FAILED", "CANCELED", "The task was canceled by its owner",
-                                        {"code": "CANCELED", "description": "The task was canceled by its owner"})
+                    return self._cancelled(task)
                 if task.kind == "DELETE":
                     self._delete(task, item)
                     task.processed += 1
@@ -136,6 +132,10 @@ class CopyEngine:
         elif target.exists():
             target.unlink()
         task.succeeded.append({"DATA_TYPE": "successful_delete", "path": item["path"]})
+
+    def _cancelled(self, task: Task) -> None:
+        self._finish(task, "FAILED", "CANCELED", "The task was canceled by its owner",
+                     {"code": "CANCELED", "description": "The task was canceled by its owner"})
 
     def _finish(self, task: Task, status: str, nice: Optional[str], details: Optional[str],
                 fatal: Optional[dict]) -> None:
