@@ -96,6 +96,10 @@ def start(name: str,
     if not paths.config.exists():
         write_template(paths)
         typer.echo(f"no configuration yet: wrote the default {paths.config}", err=True)
+    from endpoint_agent.multiuser.configure import is_multi_user
+
+    if is_multi_user(paths.config):
+        raise typer.Exit(_start_multi_user(name, paths, foreground))
     config = _config(paths)
     if not config.static_queues:
         try:
@@ -129,6 +133,48 @@ def _run_foreground(name: str, paths: EndpointPaths, config) -> int:
         return Agent(name, config, paths=paths).run()
     except (ConfigError, ServiceError) as exc:
         logging.getLogger("skyfn.agent").error("%s", exc)
+        typer.echo(f"error: {exc}", err=True)
+        return 2
+    finally:
+        pidfile.release()
+
+
+def _start_multi_user(name: str, paths: EndpointPaths, foreground: bool) -> int:
+    """A multi-user endpoint (config.yaml says `multi_user: true`): checked here, run as root."""
+    from endpoint_agent.multiuser.configure import load_multi_user_config
+
+    try:
+        mu = load_multi_user_config(paths.config)
+        resolve_service(mu)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return 2
+    if os.geteuid() != 0:
+        typer.echo(f"error: endpoint {name} is a multi-user endpoint: it starts user agents as other accounts, "
+                   "which needs root; start it with sudo (or as root)", err=True)
+        return 2
+    pid = running_pid(paths.pid)
+    if pid is not None:
+        typer.echo(f"error: endpoint {name} is already running (pid {pid}); stop it first: skyfn-endpoint stop {name}",
+                   err=True)
+        return 1
+    if not foreground:
+        return _daemonize(name, paths)
+    from endpoint_agent.multiuser.endpoint import MultiUserEndpoint
+    from endpoint_agent.service.link import ServiceError
+
+    logging.basicConfig(level=mu.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
+    pidfile = PidFile(paths.pid)
+    try:
+        pidfile.acquire()
+    except AlreadyRunning as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return 1
+    try:
+        return MultiUserEndpoint(name, mu, paths=paths).run()
+    except (ConfigError, ServiceError) as exc:
+        logging.getLogger("skyfn.multiuser").error("%s", exc)
         typer.echo(f"error: {exc}", err=True)
         return 2
     finally:

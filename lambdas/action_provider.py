@@ -61,7 +61,8 @@ def introspect():
 
 # --- run ---------------------------------------------------------------------------------
 def _run(body: ActionRequest) -> Response:
-    status, created = actions.run(_user(), body)
+    # the caller's identity claims go with the task, as with POST /tasks (lambdas/core/identity/submitters.py)
+    status, created = actions.run(_user(), body, submitter=router.context["identity"].claims())
     return _json(202 if created else 200, status)
 
 

@@ -24,6 +24,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from lambdas.auth import Unauthorized, identify
 from lambdas.core.identity import guard, limits  # security: agent routes, rate limits, size limits (H9)
+from lambdas.core.identity import submitters  # the submitter's identity claims each task carries
 from lambdas.config import settings
 from lambdas.core.tasks import registry, sessions, tasks
 from lambdas.core.runs import batches, flows, runs
@@ -106,6 +107,17 @@ app.use(middlewares=[authenticate_request])
 
 def _user() -> str:
     return app.context["user"]
+
+
+def _claims() -> dict[str, str]:
+    """The caller's identity claims (username, email, identity provider), sent with its tasks."""
+    return app.context["identity"].claims()
+
+
+def _remember_claims() -> None:
+    """Keep the caller's claims for the tasks a run submits later on their behalf, without a
+    token (lambdas/core/identity/submitters.py)."""
+    submitters.remember(_user(), _claims())
 
 
 # --- errors ------------------------------------------------------------------------
@@ -200,9 +212,11 @@ def open_session(endpoint_id: IdPath, body: Annotated[OpenSession, Body()]):
 
 # --- tasks -------------------------------------------------------------------------
 @app.post("/tasks", responses={**_ok(202, Submitted), **_ok(200, Submitted),
-                                **_errors(401, 403, 404, 409, 413, 422)})
+                                **_errors(400, 401, 403, 404, 409, 413, 422)})
 def submit_tasks(body: Annotated[SubmitTasks, Body()]):
-    answer, replayed = tasks.submit(_user(), body)
+    """Submit one task or a batch; `user_config` (optional) goes with the tasks to their endpoint,
+    as does the caller's identity (400 invalid_user_config when it is not a small JSON object)."""
+    answer, replayed = tasks.submit(_user(), body, submitter=_claims())
     metrics.add_metric(name="TasksSubmitted", unit=MetricUnit.Count, value=0 if replayed else len(body.tasks))
     return _json(200 if replayed else 202, answer)
 
@@ -252,6 +266,7 @@ def get_endpoint_group(group_id: IdPath):
 @app.post("/batches", responses={**_ok(202, BatchSubmitted), **_ok(200, BatchSubmitted),
                                  **_errors(401, 403, 404, 409, 413, 422, 503)})
 def submit_batch(body: Annotated[SubmitBatch, Body()]):
+    _remember_claims()  # its chunks are submitted later, without a token
     answer, replayed = batches.submit(_user(), body)
     metrics.add_metric(name="BatchTasksSubmitted", unit=MetricUnit.Count, value=0 if replayed else len(body.payloads))
     return _json(200 if replayed else 202, answer)
@@ -264,11 +279,13 @@ def batch_status(batch_id: IdPath):
 
 @app.post("/flows", responses={**_ok(202, RunStarted), **_errors(401, 403, 404, 422, 503)})
 def run_flow(body: Annotated[RunFlow, Body()]):
+    _remember_claims()  # its steps submit tasks later, without a token
     return _json(202, flows.run_flow(_user(), body))
 
 
 @app.post("/spmd-groups", responses={**_ok(202, RunStarted), **_errors(401, 403, 404, 422, 503)})
 def run_group(body: Annotated[RunGroup, Body()]):
+    _remember_claims()
     return _json(202, flows.run_group(_user(), body))
 
 

@@ -6,7 +6,8 @@ The token (`Authorization: Bearer <jwt>`) must be signed by a key of the issuer'
 audience (SKYFN_AUTH_AUDIENCE, the client id of the skyfn Globus app), the issuer
 SKYFN_AUTH_ISSUER, and be unexpired. The answer allows execute-api:Invoke on the whole
 stage (API Gateway caches one decision per token for every route) with the subject as
-principal; any failure is API Gateway's 401 ("Unauthorized"). Tokens are never logged.
+principal and the token's identity claims (username, email, identity provider) as context;
+any failure is API Gateway's 401 ("Unauthorized"). Tokens are never logged.
 
 Not covered: Globus *opaque* access tokens, which only token introspection with the
 app's client secret can check; see docs/deploy.md.
@@ -21,6 +22,8 @@ from typing import Any
 
 import jwt
 from aws_lambda_powertools import Logger
+
+from lambdas.auth import claims_of
 
 logger = Logger(service="skyfn-authorizer")
 ALGORITHMS = ["RS256", "RS384", "RS512", "ES256", "ES384", "PS256"]
@@ -71,9 +74,12 @@ def handler(event: dict, context: Any) -> dict:
         logger.info("token refused", extra={"reason": type(exc).__name__})
         raise Unauthorized() from None
     user = claims["sub"]
+    # the identity claims the API reads back (lambdas/auth.py identify): context values are strings
+    identity = claims_of(claims)
     return {
         "principalId": user,
         "policyDocument": {"Version": "2012-10-17", "Statement": [
             {"Action": "execute-api:Invoke", "Effect": "Allow", "Resource": stage_arn(event.get("methodArn", ""))}]},
-        "context": {"sub": user, "username": str(claims.get("preferred_username", ""))},
+        "context": {"sub": user, "username": identity.get("username", ""), "email": identity.get("email", ""),
+                    "identity_provider": identity.get("identity_provider", "")},
     }

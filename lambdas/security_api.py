@@ -107,7 +107,7 @@ def list_shares(kind: KindPath, obj_id: IdPath):
     return _json(200, {"kind": k, "id": obj_id, "owner": owner, "shares": access.grants(k, obj_id)})
 
 
-@router.post("/shares/<kind>/<obj_id>", responses={**_ok(200, ShareList), **_errors(403, 404, 422)})
+@router.post("/shares/<kind>/<obj_id>", responses={**_ok(200, ShareList), **_errors(400, 403, 404, 422)})
 def grant_share(kind: KindPath, obj_id: IdPath, body: Annotated[Grant, Body()]):
     k = KINDS[kind]
     owner = owner_of(k, obj_id)

@@ -115,15 +115,31 @@ def task_options(resource_specification: Optional[dict] = None, walltime: Option
     return opts
 
 
+def check_user_config(user_config: Optional[dict]) -> Optional[dict]:
+    """``user_config`` as given when it is None or a valid one (a JSON object of at most
+    16 KiB, nested at most 8 deep: skyfn.protocol.user_config); ValueError naming the problem
+    otherwise, before anything is sent (the service refuses it with 400 too)."""
+    if user_config is None:
+        return None
+    from skyfn.protocol.user_config import problem
+
+    why = problem(user_config)
+    if why is not None:
+        raise ValueError(why)
+    return user_config
+
+
 class Batch:
     """Tasks collected with :meth:`add` and submitted together by ``Client.batch_run``."""
 
     def __init__(self, client: "Client", endpoint_id: Optional[str] = None,
-                 resource_specification: Optional[dict] = None, walltime: Optional[float] = None):
+                 resource_specification: Optional[dict] = None, walltime: Optional[float] = None,
+                 user_config: Optional[dict] = None):
         self._client = client
         self.endpoint_id = endpoint_id
         self.tasks: list[dict] = []
         self._options = task_options(resource_specification, walltime)
+        self.user_config = check_user_config(user_config)  # sent with the batch (multi-user endpoints)
 
     def add(self, function_id: FunctionRef, *args: Any, endpoint_id: Optional[str] = None, **kwargs: Any) -> None:
         if not isinstance(function_id, str):
@@ -220,37 +236,47 @@ class Client:
 
     # -- submitting -----------------------------------------------------------------
     def run(self, function_id: FunctionRef, *args: Any, endpoint_id: Optional[str] = None,
-            group_id: Optional[str] = None, memoize: Optional[bool] = None, **kwargs: Any) -> str:
+            group_id: Optional[str] = None, memoize: Optional[bool] = None, user_config: Optional[dict] = None,
+            **kwargs: Any) -> str:
         """Run one task and return its task id. ``function_id`` may also be a callable,
         registered on first use. Give ``endpoint_id``, or ``group_id`` (an endpoint group:
         its placement policy picks the endpoint). ``memoize``: answer from the cache when
-        this function already ran on these arguments (default: the function's setting)."""
+        this function already ran on these arguments (default: the function's setting).
+        ``user_config``: your variables for a multi-user endpoint's user config template (a
+        JSON object of at most 16 KiB, nested at most 8 deep), sent with the task; ordinary
+        endpoints ignore it. (So neither ``memoize`` nor ``user_config`` can be a keyword
+        argument of the function itself: pack those with ``submit_tasks``.)"""
         if not endpoint_id and not group_id:
             raise ValueError("endpoint_id (or group_id) is required (look one up with client.endpoint_id('local'))")
+        user_config = check_user_config(user_config)
         if not isinstance(function_id, str):
             function_id = self._function_id_for(function_id)
         task: dict[str, Any] = {"function_id": function_id, "payload": pack_args(args, kwargs)}
         if memoize is not None:
             task["memoize"] = bool(memoize)
-        return self.submit_tasks([task], endpoint_id, group_id=group_id)[0]
+        return self.submit_tasks([task], endpoint_id, group_id=group_id, user_config=user_config)[0]
 
     def create_batch(self, endpoint_id: Optional[str] = None, resource_specification: Optional[dict] = None,
-                     walltime: Optional[float] = None) -> Batch:
+                     walltime: Optional[float] = None, user_config: Optional[dict] = None) -> Batch:
         """A batch; resource_specification ({"cores": n, "gpus": n}) and walltime (s)
-        apply to each task added."""
-        return Batch(self, endpoint_id, resource_specification, walltime)
+        apply to each task added; ``user_config`` (a multi-user endpoint's template
+        variables, see :meth:`run`) is sent with the batch."""
+        return Batch(self, endpoint_id, resource_specification, walltime, user_config)
 
     def batch_run(self, batch: Batch) -> list[str]:
         """Submit a batch; returns task ids in the order the tasks were added."""
         if not batch.tasks:
             return []
-        return self.submit_tasks(batch.tasks, batch.endpoint_id)
+        return self.submit_tasks(batch.tasks, batch.endpoint_id, user_config=getattr(batch, "user_config", None))
 
     def submit_tasks(self, tasks: list[dict], endpoint_id: Optional[str] = None, *, max_retries: Optional[int] = None,
-                     group_id: Optional[str] = None, memoize: Optional[bool] = None) -> list[str]:
+                     group_id: Optional[str] = None, memoize: Optional[bool] = None,
+                     user_config: Optional[dict] = None) -> list[str]:
         """POST /tasks for ready-made task dicts (``{"function_id", "payload"[, "endpoint_id"]}``),
         split into requests of at most ~5,000 tasks / ~8 MB, each with its own idempotency
-        key that is reused by every retry of that request."""
+        key that is reused by every retry of that request. ``user_config`` (see :meth:`run`)
+        is sent with every one of those requests."""
+        user_config = check_user_config(user_config)
         ids: list[str] = []
         tasks = [self._offload(t) for t in tasks]  # large arguments go through S3
         for chunk in split_requests(tasks):
@@ -263,6 +289,8 @@ class Client:
                 body["max_retries"] = max_retries
             if memoize is not None:
                 body["memoize"] = bool(memoize)
+            if user_config is not None:
+                body["user_config"] = user_config
             try:
                 answer = self._http.post("/tasks", body)
             except (SkyfnAPIError, SkyfnConnectionError) as exc:
@@ -483,7 +511,12 @@ class Client:
 
     def share(self, kind: str, object_id: str, principal: str, role: str = "run") -> dict:
         """Share a function, endpoint or endpoint group (kind: "functions", "endpoints",
-        "endpoint-groups") with ``user:<id>`` or ``team:<id>``, role "run" or "manage"."""
+        "endpoint-groups") with ``user:<id>`` or ``team:<id>``, role "run" or "manage".
+
+        The principal ``"all-users"`` means every signed-in user: ``share("endpoints", ep,
+        "all-users", "run")`` opens an endpoint (a site's multi-user endpoint, say) to anyone
+        authenticated; ``unshare`` closes it again. ``all-users`` takes role "run" only, on
+        functions and endpoints only (the service answers 400 otherwise)."""
         return self._http.post(f"/shares/{kind}/{quote(object_id, safe='')}", {"principal": principal, "role": role})
 
     def unshare(self, kind: str, object_id: str, principal: str) -> dict:

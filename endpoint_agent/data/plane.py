@@ -9,7 +9,10 @@ knows its endpoint id:
   secret) and points SKYFN_DATA_STORES at it, so managers and workers (which inherit the
   agent's environment) know the endpoint's stores: `skyfn.data.get_redis_client()`,
   `default_store()` and refs of these stores resolve there;
-- stops the Redis it started when the agent stops.
+- on a multi-user endpoint (SKYFN_PEER_REFS_DIR set by its root process), runs the peer-ref
+  broker (endpoint_agent.data.ref_broker): tasks of other accounts on this host resolve the
+  refs this account shared with them through it, never with this account's credentials;
+- stops the broker and the Redis it started when the agent stops.
 
 Store names are qualified with the endpoint id (`redis@<endpoint id>`): refs made on two
 endpoints never name each other's store.
@@ -19,16 +22,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Optional
 
 from endpoint_agent.data.config import DataConfig
+from endpoint_agent.data.redis_process import end_redis, free_port, is_redis, launch, port_free, secret_file
 from skyfn.data import context
 from skyfn.data.store import write_stores_file
 
@@ -41,56 +42,6 @@ def qualified(name: str, endpoint_id: str) -> str:
     return f"{name}@{endpoint_id}"
 
 
-def _secret_file(path: Path, nbytes: int = 32) -> str:
-    """A hex secret kept in `path` (0600), made on first use."""
-    try:
-        return path.read_text().strip()
-    except FileNotFoundError:
-        value = secrets.token_hex(nbytes)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(value)
-        return value
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-            return True
-        except OSError:
-            return False
-
-
-def _is_redis(pid: Optional[int]) -> bool:
-    """pid runs a redis-server (not a reused pid of something else)."""
-    if not pid:
-        return False
-    try:
-        with open(f"/proc/{int(pid)}/cmdline", "rb") as f:
-            return b"redis-server" in f.read()
-    except OSError:
-        return False
-
-
-def _end(pid: int, timeout: float = 10.0) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout
-    while _is_redis(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if _is_redis(pid):
-        os.kill(pid, signal.SIGKILL)
-
-
 def end_leftover_redis(endpoint_dir: Path) -> Optional[int]:
     """End the data redis-server an agent of this endpoint started and left running (it was
     killed hard, and no agent came back to keep it); returns its pid, or None."""
@@ -100,9 +51,9 @@ def end_leftover_redis(endpoint_dir: Path) -> Optional[int]:
     except (FileNotFoundError, ValueError):
         return None
     path.unlink(missing_ok=True)
-    if not _is_redis(pid):
+    if not is_redis(pid):
         return None
-    _end(pid)
+    end_redis(pid)
     return pid
 
 
@@ -118,10 +69,11 @@ class EndpointData:
         self.redis_port: Optional[int] = None
         self.stores_file = self.dir / "stores.json"
         self.objects = None   # the direct path's object server (endpoint_agent.data.object_server.ServerProcess)
+        self.broker = None    # a multi-user endpoint's peer-ref broker (endpoint_agent.data.ref_broker.RefBroker)
 
     def start(self) -> "EndpointData":
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        secret = _secret_file(self.dir / "secret")
+        secret = secret_file(self.dir / "secret")
         stores: dict[str, dict] = {}
         rcfg = self.config.redis
         if rcfg is not None:
@@ -145,7 +97,19 @@ class EndpointData:
         os.environ[context.STORES_ENV] = str(self.stores_file)
         os.environ[context.ENDPOINT_ENV] = self.endpoint_id
         log.info("data stores: %s (default %s)", ", ".join(stores) or "none", default or "none")
+        self._start_broker(stores)
         return self
+
+    def _start_broker(self, stores: dict[str, dict]) -> None:
+        """The peer-ref broker when SKYFN_PEER_REFS_DIR is set. A broker that cannot start does not
+        stop the agent (its own user's tasks still run): the error says what to fix."""
+        from endpoint_agent.data.ref_broker import start_if_configured
+
+        try:
+            self.broker = start_if_configured(stores)
+        except (RuntimeError, ValueError, OSError) as exc:
+            log.error("the peer-ref broker did not start, so refs this account shares do not resolve in other "
+                      "accounts' tasks: %s", exc)
 
     def _redis(self, rcfg) -> Optional[dict]:
         start = rcfg.start
@@ -163,7 +127,7 @@ class EndpointData:
                                    "(apt-get install redis-server) or point data.redis at an existing Redis")
             if password_file is None:
                 password_file = str(self.dir / "redis.password")
-                _secret_file(Path(password_file), 24)
+                secret_file(Path(password_file), 24)
             self._start_redis(binary, rcfg, password_file)
             port = self.redis_port
         else:
@@ -186,7 +150,7 @@ class EndpointData:
         with open(password_file) as f:
             password = f.read().strip()
         record = self._redis_record()
-        if record and record.get("host") == rcfg.host and _is_redis(record.get("pid")):
+        if record and record.get("host") == rcfg.host and is_redis(record.get("pid")):
             client = redis.Redis(host=rcfg.host, port=record["port"], password=password, socket_timeout=2)
             try:
                 client.ping()
@@ -199,33 +163,22 @@ class EndpointData:
             finally:
                 client.close()
         port = rcfg.port or (record or {}).get("port") or 0
-        if not port or not _port_free(rcfg.host, port):
-            port = rcfg.port or _free_port(rcfg.host)
-        conf = self.dir / "redis.conf"
+        if not port or not port_free(rcfg.host, port):
+            port = rcfg.port or free_port(rcfg.host)
         lines = [f"port {port}", f"bind {rcfg.host}", f"requirepass {password}", 'save ""', "appendonly no",
                  f"dir {self.dir}", "protected-mode yes", f"logfile {self.dir / 'redis.log'}",
                  "maxmemory-policy noeviction"]
         if rcfg.maxmemory:
             lines.append(f"maxmemory {rcfg.maxmemory}")
-        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write("\n".join(lines) + "\n")
-        self.redis_proc = subprocess.Popen([binary, str(conf)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                           stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self.redis_proc = launch(binary, self.dir / "redis.conf", lines, host=rcfg.host, port=port,
+                                     password=password, log_path=self.dir / "redis.log",
+                                     timeout=REDIS_START_TIMEOUT_S)
+        except RuntimeError:
+            self.stop()
+            raise RuntimeError(f"the endpoint's redis-server did not start on {rcfg.host}:{port} "
+                               f"(see {self.dir / 'redis.log'})") from None
         self.redis_port = port
-        client = redis.Redis(host=rcfg.host, port=port, password=password, socket_timeout=2)
-        deadline = time.monotonic() + REDIS_START_TIMEOUT_S
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.RedisError:
-                if self.redis_proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"the endpoint's redis-server did not start on {rcfg.host}:{port} "
-                                       f"(see {self.dir / 'redis.log'})") from None
-                time.sleep(0.05)
-        client.close()
         (self.dir / "redis.json").write_text(json.dumps({"pid": self.redis_proc.pid, "port": port,
                                                          "host": rcfg.host}))
         log.info("started redis-server for the endpoint's data on %s:%d (pid %d)", rcfg.host, port,
@@ -238,6 +191,9 @@ class EndpointData:
             return None
 
     def stop(self) -> None:
+        broker, self.broker = self.broker, None
+        if broker is not None:
+            broker.stop()
         objects, self.objects = self.objects, None
         if objects is not None:
             objects.stop()
@@ -250,8 +206,8 @@ class EndpointData:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
-        elif adopted is not None and _is_redis(adopted):  # started by this endpoint's previous agent
-            _end(adopted)
+        elif adopted is not None and is_redis(adopted):  # started by this endpoint's previous agent
+            end_redis(adopted)
         try:
             (self.dir / "redis.json").unlink()
         except FileNotFoundError:

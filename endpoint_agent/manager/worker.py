@@ -13,6 +13,13 @@ Per task, what the function prints to sys.stdout / sys.stderr is captured (at mo
 `--max-output` characters per stream, then a truncation marker) and returned with the
 result; a task may carry environment settings (CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS)
 that the worker applies before the call and restores after it.
+
+Argument refs: the refs an Executor made for a task's large arguments (marked
+`RefInfo.task_argument`, skyfn.data.autoref) are evicted by this worker once the task is
+final here -- succeeded or failed -- right after its result went to the manager, so their
+lifetime does not depend on the client that submitted them. A worker that dies mid-task
+evicts nothing: the task, run again elsewhere, still finds its arguments (their TTL ends
+them if it never does).
 """
 from __future__ import annotations
 
@@ -119,9 +126,11 @@ class FunctionCache:
         return fn
 
 
-def run_task(cache: FunctionCache, function_id: str, payload: str) -> tuple[str, str | None, str | None]:
+def run_task(cache: FunctionCache, function_id: str, payload: str,
+             argument_refs: list | None = None) -> tuple[str, str | None, str | None]:
     """(state, result, error) of one call. The remote traceback starts at the user's
-    function: the worker's own frame is cut off."""
+    function: the worker's own frame is cut off. The task's argument refs to evict once its
+    result is sent (see the module docstring) are appended to `argument_refs`."""
     try:
         fn = cache.get(function_id)
         if blobs.is_ref(payload):  # a large payload in S3: fetched here, off the agent's loop
@@ -129,6 +138,13 @@ def run_task(cache: FunctionCache, function_id: str, payload: str) -> tuple[str,
         args, kwargs = unpack_args(payload)
     except Exception as exc:  # DeserializationError and friends: FAILED, with the fix in the message
         return "FAILED", None, _wrap(exc)
+    if argument_refs is not None and "skyfn.data.ref" in sys.modules:  # a Ref was unpickled: maybe marked ones
+        try:
+            from skyfn.data.autoref import task_argument_refs
+
+            argument_refs.extend(task_argument_refs(args, kwargs))
+        except Exception:  # noqa: BLE001 - never fail a task over its clean-up (the refs' TTL ends them)
+            pass
     try:
         value = fn(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001 - user code may raise anything, SystemExit included
@@ -147,6 +163,15 @@ def _wrap(exc: BaseException) -> str:
         return wrap_exception(exc)
     except BaseException as wrap_exc:  # noqa: BLE001 - an exception whose str() raises, ...
         return wrap_exception(RuntimeError(f"{type(exc).__name__} (unprintable: {wrap_exc!r})"))
+
+
+def _evict_arguments(infos: list) -> list:
+    """Evict the argument refs of tasks whose results were just sent; a fresh list back."""
+    if infos:
+        from skyfn.data.autoref import evict_task_arguments
+
+        evict_task_arguments(infos)
+    return []
 
 
 _stopping = False
@@ -207,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             if msg.get("f"):
                 cache.add(msg["f"])
             out: list = []
+            evict: list = []  # argument refs of the tasks in `out` (module docstring)
             last_send = now()
             for key, function_id, payload, _walltime, env, *rest in msg["t"]:
                 set_task(rest[0] if rest else None)  # whose refs this task may resolve (skyfn.data)
@@ -219,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = now()
                 slots.begin(slot, started, t0)
                 try:
-                    state, result, error = run_task(cache, function_id, payload)
+                    state, result, error = run_task(cache, function_id, payload, evict)
                 finally:
                     t1 = now()
                     slots.end(slot)
@@ -235,8 +261,10 @@ def main(argv: list[str] | None = None) -> int:
                     sock.send_multipart([wire.RES, wire.dumps(out)])
                     out = []
                     last_send = t1
+                    evict = _evict_arguments(evict)
             if out:
                 sock.send_multipart([wire.RES, wire.dumps(out)])
+            _evict_arguments(evict)
     except KeyboardInterrupt:
         return 0
     finally:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -56,6 +57,43 @@ class MultiUserConfig(BaseModel):
     idle_timeout: float = Field(default=600.0, gt=0, le=7 * 86400)
     audit_log: str = Field(default="audit.log", min_length=1)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # the interpreter user agents run with: every account must be able to run it and import skyfn
+    user_agent_python: str = Field(default_factory=lambda: sys.executable, min_length=1)
+    # sockets and files every account reads (the peer-ref brokers): not under root's home
+    runtime_directory: str = Field(default="/run/skyfn/{name}", min_length=1)
+    # the service link, as in an ordinary endpoint's config.yaml
+    service_url: Optional[str] = Field(default=None, pattern=r"^https?://\S+$")
+    token: Optional[str] = Field(default=None, min_length=1)
+    heartbeat_period: float = Field(default=10.0, ge=0.1, le=3600)
+    lease_seconds: float = Field(default=60.0, ge=1, le=43200)
+    receive_batch: int = Field(default=10, ge=1, le=1000)
+    receive_wait: float = Field(default=1.0, ge=0, le=20)
+    max_routed_packs: int = Field(default=10_000, ge=1, le=1_000_000)
+
+    @field_validator("user_agent_python")
+    @classmethod
+    def _python(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("give the absolute path of an interpreter every account may run, e.g. "
+                             "/opt/skyfn/venv/bin/python")
+        return value
+
+    @field_validator("runtime_directory")
+    @classmethod
+    def _runtime_dir(cls, value: str) -> str:
+        try:
+            sample = value.format(name="site")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"only {{name}} may be used ({type(exc).__name__}: {exc})") from None
+        if not sample.startswith("/") or "/../" in sample + "/":
+            raise ValueError("it must give an absolute path without '..', e.g. /run/skyfn/{name}")
+        return value
+
+    def endpoint_settings(self) -> dict[str, Any]:
+        """The keys of an ordinary endpoint config the privileged process runs its service link with."""
+        return {"service_url": self.service_url, "token": self.token, "heartbeat_period": self.heartbeat_period,
+                "lease_seconds": self.lease_seconds, "receive_batch": self.receive_batch,
+                "receive_wait": self.receive_wait, "log_level": self.log_level, "workers": 1, "managers": 0}
 
     @field_validator("working_directory")
     @classmethod
@@ -173,7 +211,7 @@ def config_text(name: str) -> str:
 # ordinary skyfn agent started as the account (groups, gid, uid dropped in that order), with
 # the config rendered from user_config_template for the user's variables and the environment
 # of user_environment_file only. Relative paths are in this directory.
-# Not wired yet: `skyfn-endpoint start {name}` does not run multi-user endpoints yet.
+# Start it with `skyfn-endpoint start {name}` (as root); docs/multi-user.md is the guide.
 multi_user: true
 
 # --- Who runs as whom ------------------------------------------------------------
@@ -189,9 +227,17 @@ user_environment_file: user_environment              # KEY=VALUE; nothing of roo
 working_directory: "{{home}}/.skyfn/work"             # {{home}}, {{user}}; created 0700 for the account if missing
 idle_timeout: 600          # seconds an idle user agent lives; the next task starts it again
 
+user_agent_python: {sys.executable}   # every account must be able to run it and import skyfn
+runtime_directory: /run/skyfn/{{name}}   # the peer-ref sockets every account reaches ({{name}}: this endpoint)
+
 # --- Audit -------------------------------------------------------------------------
 audit_log: audit.log       # JSON lines: identity, account, uid, function, task, start, end, outcome (0600)
 # log_level: INFO
+
+# --- The service (as in an ordinary endpoint's config.yaml; else SKYFN_SERVICE_URL / SKYFN_TOKEN) ---
+# service_url: https://skyfn.example.org
+# heartbeat_period: 10
+# lease_seconds: 60
 """
 
 

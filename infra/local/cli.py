@@ -85,14 +85,19 @@ def local_down(home: Optional[str] = HOME_OPTION) -> None:
 @app.command("token")
 def local_token(user: str = typer.Option(..., "--user", help="user name the token is for"),
                 days: float = typer.Option(30, "--days", min=0.001, help="validity in days"),
+                email: Optional[str] = typer.Option(None, "--email", help="the token's email claim (left out if not "
+                                                                         "given)"),
+                username: Optional[str] = typer.Option(None, "--username", help="the token's username claim "
+                                                                               "(default: the user)"),
                 home: Optional[str] = HOME_OPTION) -> None:
-    """Mint a token of the local service for USER (print it)."""
+    """Mint a token of the local service for USER (print it). It carries the identity claims a
+    multi-user endpoint maps to a local account: username, email, identity provider ("skyfn-local")."""
     def action():
         require("local", "skyfn local token")
         from infra.local import runtime
         from infra.local.state import StateDir
 
-        return runtime.mint_token(StateDir.at(home), user, int(days * 86400))
+        return runtime.mint_token(StateDir.at(home), user, int(days * 86400), username=username, email=email)
     typer.echo(run_action(action))
 
 

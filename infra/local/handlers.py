@@ -37,5 +37,8 @@ def ensure_resources() -> Any:
     return load("lambdas.bootstrap", "ensure_resources")()
 
 
-def mint_token(key: str, user: str, ttl_seconds: int = 30 * 24 * 3600) -> str:
-    return load("lambdas.auth", "mint_token")(key, user, ttl_seconds=ttl_seconds, issuer="skyfn-local")
+def mint_token(key: str, user: str, ttl_seconds: int = 30 * 24 * 3600, *, username: str | None = None,
+               email: str | None = None, identity_provider: str | None = None) -> str:
+    """A token of the local issuer, with the identity claims given (lambdas.auth.mint_token)."""
+    return load("lambdas.auth", "mint_token")(key, user, ttl_seconds=ttl_seconds, issuer="skyfn-local",
+                                              username=username, email=email, identity_provider=identity_provider)

@@ -62,14 +62,21 @@ def _pick_port(wanted: int | None, previous: int | None, what: str) -> int:
     return free_port()
 
 
-def mint_token(state: StateDir, user: str, ttl_seconds: int = 30 * 24 * 3600) -> str:
-    """A token of the local issuer for `user`, signed with the runtime's private key."""
+LOCAL_IDENTITY_PROVIDER = "skyfn-local"
+
+
+def mint_token(state: StateDir, user: str, ttl_seconds: int = 30 * 24 * 3600, *, username: str | None = None,
+               email: str | None = None, identity_provider: str = LOCAL_IDENTITY_PROVIDER) -> str:
+    """A token of the local issuer for `user`, signed with the runtime's private key, with the
+    identity claims a multi-user endpoint maps (DESIGN.md section 12): `preferred_username`
+    (default: `user`), `identity_provider` ("skyfn-local") and `email` (only when given)."""
     from infra.local.handlers import mint_token as mint
 
     key = state.signing_key(create=False)
     if not key:
         raise LocalError(f"no local runtime in {state.root}: run `skyfn local up` first")
-    return mint(key, user, ttl_seconds)
+    return mint(key, user, ttl_seconds, username=username or user, email=email or None,
+                identity_provider=identity_provider or LOCAL_IDENTITY_PROVIDER)
 
 
 # -- looking at a deployment ---------------------------------------------------------

@@ -2,10 +2,23 @@
 
 `ArgumentRefs.pack(args, kwargs)` returns the payload to submit: every argument larger
 than `threshold` bytes is put in the store and replaced by a Ref, so user code does not
-change; small arguments travel inline as before. The refs it made are the Executor's: they
-are evicted as soon as the tasks that consume them have finished (`track`). With
-`evict_user_refs`, Refs the user passed are evicted the same way once no running task of
-this Executor consumes them any more.
+change; small arguments travel inline as before. With `evict_user_refs`, Refs the user
+passed are evicted by the Executor once no running task of it consumes them any more.
+
+Lifetime of the refs it makes (DESIGN.md section 12: lifetimes never depend on a client).
+Each ends at the first of:
+1. its task ends on a worker: the ref is marked (`RefInfo.task_argument`), and the worker
+   that ran the task evicts it once the task is final -- succeeded or failed -- and its
+   result has gone to its manager (`task_argument_refs` collects them, `evict_task_arguments`
+   evicts them; endpoint_agent/manager/worker.py). A worker that dies mid-task evicts
+   nothing, so a task run again after a lost worker still finds its arguments;
+2. its Executor sees the task finish (`track`): a second, harmless evict -- and the only
+   one for a task that never reached a worker (cancelled, answered from the memo cache);
+3. its TTL: `ttl` seconds after it was put (the data key in Redis, the object's expiry in
+   S3/file/direct/Globus stores, the capability's expiry), so a client killed with tasks
+   still queued leaves nothing forever. Default DEFAULT_TTL (24 h, long enough for a queued
+   batch), or SKYFN_ARG_REF_TTL (seconds); per Executor: `Executor(arg_ref_ttl=...)`.
+Refs the user makes (`store.ref(...)`) are not marked and keep the TTL they were given.
 
 `local_endpoint_store(name)`: the default store of an endpoint whose agent runs on this
 machine (its stores file, `$SKYFN_HOME/endpoints/<name>/data/stores.json`), registered in
@@ -15,6 +28,7 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -23,6 +37,27 @@ from skyfn.data.ref import Ref, is_ref, ref_info
 from skyfn.protocol.serialize import pack_args
 
 DEFAULT_THRESHOLD = 1 << 20
+DEFAULT_TTL = 24 * 3600.0      # seconds an argument ref lives at most (see the module docstring)
+TTL_ENV = "SKYFN_ARG_REF_TTL"  # the default for every Executor of this process, in seconds
+
+
+def argument_ttl(ttl: Optional[float] = None) -> float:
+    """The TTL (seconds) of argument refs: `ttl` if given, else SKYFN_ARG_REF_TTL, else DEFAULT_TTL."""
+    source = "arg_ref_ttl"
+    if ttl is None:
+        raw = os.environ.get(TTL_ENV, "").strip()
+        if not raw:
+            return DEFAULT_TTL
+        source = TTL_ENV
+        try:
+            ttl = float(raw)
+        except ValueError:
+            raise ValueError(f"{TTL_ENV}={raw!r} is not a number of seconds") from None
+    ttl = float(ttl)
+    if not ttl > 0 or ttl == float("inf"):
+        raise ValueError(f"{source} must be a positive, finite number of seconds (argument refs always expire), "
+                         f"not {ttl!r}")
+    return ttl
 
 
 def _cheap_size(obj: Any) -> Optional[int]:
@@ -75,12 +110,15 @@ def data_locations(args: tuple, kwargs: dict) -> dict[str, int]:
 
 
 class ArgumentRefs:
-    def __init__(self, store, owner, threshold: int = DEFAULT_THRESHOLD, evict_user_refs: bool = False):
-        """`owner`: the user id, or a function returning it (asked once, at the first ref)."""
+    def __init__(self, store, owner, threshold: int = DEFAULT_THRESHOLD, evict_user_refs: bool = False,
+                 ttl: Optional[float] = None):
+        """`owner`: the user id, or a function returning it (asked once, at the first ref).
+        `ttl`: seconds each ref made here lives at most (None: `argument_ttl()`'s default)."""
         self.store = store
         self._owner = owner
         self.threshold = max(1, int(threshold))
         self.evict_user_refs = evict_user_refs
+        self.ttl = argument_ttl(ttl)
         self._users: dict[tuple[str, str], int] = {}  # (store, key) -> running tasks consuming it
         self._lock = threading.Lock()
 
@@ -91,9 +129,10 @@ class ArgumentRefs:
         return self._owner
 
     def _ref(self, value: Any, made: list) -> Any:
-        ref = self.store.ref(value, owner=self.owner)
-        made.append(ref_info(ref))
-        return ref
+        # with a TTL, and marked: the worker that runs its task evicts it (module docstring)
+        info = replace(ref_info(self.store.ref(value, owner=self.owner, ttl=self.ttl)), task_argument=True)
+        made.append(info)
+        return Ref(info)
 
     def pack(self, args: tuple, kwargs: dict) -> tuple[str, list]:
         """(payload, refs to track): large arguments replaced by refs."""
@@ -159,3 +198,66 @@ class ArgumentRefs:
     def outstanding(self) -> int:
         with self._lock:
             return len(self._users)
+
+
+# ---- the worker's side: evicting a task's argument refs once the task is final -------------------
+
+def task_argument_refs(args: tuple, kwargs: dict) -> list:
+    """The RefInfos among a task's (unpacked) arguments that an Executor made for it and that
+    the worker running it is to evict once it is final: marked `task_argument`, and owned by
+    the user the task runs for -- checked against the store's secret where this process knows
+    the store (a ref forged to name someone else's key is left alone), else (a direct ref of
+    another endpoint) by its object server when it is asked to evict. Call it in the worker,
+    while the task's user is set (skyfn.data.context.set_task)."""
+    from skyfn.data import capability, context
+    from skyfn.data.store import get_store
+
+    user = context.current_user()
+    out, seen = [], set()
+    for a in (*args, *kwargs.values()):
+        if type(a) is not Ref:
+            continue
+        info = ref_info(a)
+        if not info.task_argument or (info.store, info.key) in seen:
+            continue
+        try:
+            store = get_store(info.store)
+            if store is not None:
+                owner = capability.verify(store.secret, info.store, info.key, info.capability).owner
+            elif info.connector.get("kind") == "direct":
+                owner = capability.peek(info.capability).owner
+            else:
+                continue  # a store unknown here: nothing this worker could evict
+        except Exception:  # noqa: BLE001 - forged, expired (gone by its TTL already) or malformed: leave it
+            continue
+        if user is not None and owner == user:
+            seen.add((info.store, info.key))
+            out.append(info)
+    return out
+
+
+def evict_task_arguments(infos: Iterable) -> int:
+    """Evict argument refs collected by `task_argument_refs` (as their owner); how many evictions
+    were made. A ref already gone (its Executor evicted it first, its TTL passed) is no error;
+    a store that cannot be reached is skipped: the ref's TTL ends it."""
+    from skyfn.data import capability
+    from skyfn.data import store as stores
+
+    done = 0
+    for info in infos:
+        try:
+            store = stores.get_store(info.store)
+            if store is not None:
+                store.evict(info.key)
+            elif info.connector.get("kind") == "direct":  # another endpoint's object server, as its owner
+                from skyfn.data.connectors.direct import DirectConnector
+
+                stores.cache.drop((info.store, info.key))
+                stores.cache.drop((info.store, info.key, info.capability))
+                DirectConnector.from_config(info.connector).evict_for(info, capability.peek(info.capability).owner)
+            else:
+                continue
+            done += 1
+        except Exception:  # noqa: BLE001 - never fail a worker over a clean-up its TTL also does
+            continue
+    return done

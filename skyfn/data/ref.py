@@ -7,6 +7,9 @@ numpy's `np.asarray(ref)` (no copy: the array is a view on the bytes the connect
 Built on lazy-object-proxy, the library ProxyStore's proxies come from.
 
 Inspect a ref without resolving it: `ref_info(ref)`, `is_ref(obj)`, `is_resolved(ref)`.
+`RefInfo.task_argument` marks the refs the Executor made for a task's large arguments: the
+worker that ran the task evicts them when it is final (skyfn.data.autoref); a field added
+with a default, so RefInfos pickled by older SDKs load with it off.
 
 A Ref resolves through the store layer (`skyfn.data.store.resolve_ref`), which makes Refs
 (`Store.ref`) and so sits above this module: it is reached by its name when a Ref is first
@@ -34,6 +37,10 @@ class RefInfo:
     endpoint_id: Optional[str] = None
     size: int = 0
     evict: bool = False
+    # An argument ref the Executor made for one task (skyfn.data.autoref): the worker that ran
+    # the task evicts it once the task is final. Off for every ref a user makes, and for refs
+    # pickled by SDKs without the field (their state lacks it: this class default answers).
+    task_argument: bool = False
 
     @property
     def owner(self) -> str:

@@ -14,7 +14,9 @@ against the asking user's capability.
 The store uses connectors, never the other way: connectors move bytes; capabilities,
 decoding and the cache are the store's, also for a direct ref whose store this process does
 not know (`resolve_without_store`: the object server checks the capability where the bytes
-are). `resolve_ref` is how a Ref resolves (skyfn/data/ref.py). Inside a task,
+are), and for a ref of another account's store on this host (`resolve_through_peer`: that
+account's peer-ref broker checks it, skyfn/data/peer.py). `resolve_ref` is how a Ref
+resolves (skyfn/data/ref.py). Inside a task,
 `get_redis_client()` gives the endpoint's Redis.
 """
 from __future__ import annotations
@@ -253,11 +255,16 @@ def default_store() -> Optional[Store]:
 
 def resolve_ref(info) -> Any:
     """The object a RefInfo points at, for the current user: through its store when this process
-    knows it, else (a direct ref) through the object server that holds it."""
+    knows it, else (a direct ref) through the object server that holds it, else (another
+    account's store on this host, SKYFN_PEER_REFS_DIR) through that account's peer-ref broker."""
     store = get_store(info.store)
     if store is None:
         if info.connector.get("kind") == "direct":   # its object server checks the capability: no secret here
             return resolve_without_store(info)
+        from skyfn.data import peer   # here, not at import: most processes never need it
+
+        if peer.serves(info.store):   # another account's store on this host: its peer-ref broker checks it
+            return resolve_through_peer(info)
         raise RefResolutionError(info.store, info.key, f"store {info.store!r} is not known in this process "
                                  f"({info.connector.get('kind')} connector): run the task on an endpoint whose "
                                  "config defines it (data: stores:), or create Store(name, connector, secret=...) "
@@ -291,6 +298,35 @@ def resolve_without_store(info) -> Any:
         raise RefResolutionError(info.store, info.key, "no such object: evicted by its owner, past its TTL, or "
                                  "already used (a ref made with evict=True resolves once)")
     obj = codec.decode(data)
+    if not info.evict:
+        cache.put(ck, obj, info.size)
+    return obj
+
+
+def resolve_through_peer(info) -> Any:
+    """Resolve a ref (a RefInfo) of another account's store on this host, through that
+    account's peer-ref broker (skyfn/data/peer.py; DESIGN.md section 12): the broker checks
+    the capability against the skyfn users of this process's uid. Cached per process under
+    the exact capability the broker accepted; a hit is checked against the current user and
+    the capability's expiry (with no current user the broker is asked again: it decides by uid)."""
+    from skyfn.data import peer
+
+    user = context.current_user()
+    try:
+        cap = capability.peek(info.capability)
+    except (ValueError, KeyError, TypeError):
+        raise RefResolutionError(info.store, info.key, "the ref's capability is malformed") from None
+    if user is not None and not cap.allows(user):
+        raise RefAccessDenied(info.store, info.key, f"it belongs to {cap.owner} and is not shared with {user}: ask "
+                              "its owner to share it (store.ref(obj, share_with=[...]))")
+    ck = (info.store, info.key, info.capability)
+    hit = cache.get(ck)
+    if hit is not None:
+        if cap.expires is not None and time.time() > cap.expires:
+            cache.drop(ck)
+        elif user is not None:
+            return hit[0]
+    obj = codec.decode(peer.fetch(info))
     if not info.evict:
         cache.put(ck, obj, info.size)
     return obj

@@ -45,7 +45,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FuturesTimeoutError
 from typing import Any, Callable, Iterable, Iterator, Optional, TextIO, Union
 
-from skyfn.client import Client, split_requests, task_options
+from skyfn.client import Client, check_user_config, split_requests, task_options
 from skyfn.executor.channel import ChannelPort
 from skyfn.executor.progress import ProgressBar
 from skyfn.executor.state import State, set_exception
@@ -65,7 +65,7 @@ _BUSY_WAIT = 0.05
 
 
 def _argument_refs(client: Client, data_store: Any, endpoint_name: Optional[str], threshold: int,
-                   evict_refs: bool):
+                   evict_refs: bool, ttl: Optional[float] = None):
     """The Executor's ArgumentRefs (skyfn.data.autoref), or None when arguments stay inline."""
     if data_store is None or data_store is False:
         return None
@@ -86,7 +86,7 @@ def _argument_refs(client: Client, data_store: Any, endpoint_name: Optional[str]
         return None
 
     context.set_user_provider(client.whoami)  # result refs resolve in this process as this user
-    return ArgumentRefs(store, lambda: context.current_user() or client.whoami(), threshold, evict_refs)
+    return ArgumentRefs(store, lambda: context.current_user() or client.whoami(), threshold, evict_refs, ttl)
 
 
 class SkyfnFuture(Future):
@@ -116,6 +116,14 @@ class Executor(_BaseExecutor):
 
     >>> with Executor(endpoint="local") as ex:
     ...     print(sum(ex.map(pow, range(10), itertools.repeat(2))))
+
+    ``user_config``: your variables for a multi-user endpoint's user config template (a JSON
+    object of at most 16 KiB, nested at most 8 deep; DESIGN.md section 12), e.g.
+    ``Executor(endpoint="cluster", user_config={"account": "proj1", "partition": "gpu"})``.
+    It is sent with every batch the executor submits through the service, which hands it
+    with your identity to the endpoint; ordinary endpoints ignore it. The direct-session
+    path (``direct=True``) does not carry it: a multi-user endpoint takes tasks through the
+    service, so pass ``direct=False`` (the default) to one.
     """
 
     def __init__(
@@ -139,9 +147,12 @@ class Executor(_BaseExecutor):
         data_store: Any = "auto",
         ref_threshold: int = 1 << 20,
         evict_refs: bool = False,
+        arg_ref_ttl: Optional[float] = None,
         direct: Optional[bool] = None,
         direct_timeout: float = 5.0,
+        user_config: Optional[dict] = None,
     ):
+        self.user_config = check_user_config(user_config)  # ValueError before anything starts
         self._own_client = client is None
         self.client = client if client is not None else Client()
         # group: an endpoint group's id (Client.create_group): its policy places each task
@@ -161,9 +172,12 @@ class Executor(_BaseExecutor):
         # Arguments above ref_threshold bytes travel as refs (skyfn.data): on data_store (a
         # Store or its name), or with "auto" the endpoint's default store when its agent runs
         # on this machine; None/False: inline or through the service's S3 path as before.
-        # Refs made here are evicted when their tasks finish; evict_refs: the user's too.
+        # Refs made here are evicted when their tasks finish -- by the worker that ran the task,
+        # and by this Executor -- and expire arg_ref_ttl seconds after they were put whatever
+        # happens to this process (None: SKYFN_ARG_REF_TTL, else 24 h; skyfn/data/autoref.py);
+        # evict_refs: the user's refs are evicted here too, once their tasks finish.
         self._arg_refs = _argument_refs(self.client, data_store, endpoint if not (endpoint_id or group) else None,
-                                        ref_threshold, evict_refs)
+                                        ref_threshold, evict_refs, arg_ref_ttl)
 
         # shared with the channels, under one lock (skyfn/executor/state.py)
         self._state = st = State()
@@ -473,7 +487,8 @@ class Executor(_BaseExecutor):
             items = live[start : start + len(chunk)]
             start += len(chunk)
             try:
-                ids = self.client.submit_tasks(chunk, self.endpoint_id, group_id=self.group_id, memoize=self.memoize)
+                ids = self.client.submit_tasks(chunk, self.endpoint_id, group_id=self.group_id, memoize=self.memoize,
+                                               user_config=self.user_config)
             except Exception as exc:  # already retried with the same idempotency key
                 with self._cv:
                     st.inflight = st.inflight[len(items):]

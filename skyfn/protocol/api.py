@@ -11,6 +11,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, 
 
 from skyfn.protocol.allowlist import MAX_ALLOWED_FUNCTIONS, AllowedFunction
 from skyfn.protocol.direct import MAX_SESSION_FUNCTIONS, SESSION_KEY_BYTES
+from skyfn.protocol.user_config import MAX_USER_CONFIG_BYTES, MAX_USER_CONFIG_DEPTH
 
 from skyfn.protocol.limits import (  # noqa: F401 - the limits, kept importable from here
     MAX_BATCH,
@@ -219,6 +220,13 @@ class SubmitTasks(_Body):
     memoize: Optional[StrictBool] = Field(default=None, description="memoization for every task without its own "
                                                                     "setting (default: the function's)")
     tasks: list[TaskRequest] = Field(min_length=1, max_length=MAX_BATCH)
+    # Any JSON value is taken here and checked by the service (skyfn.protocol.user_config), so
+    # that a bad one is a 400 naming the problem; the document says what is accepted.
+    user_config: Optional[Annotated[Any, WithJsonSchema({"type": "object", "additionalProperties": True})]] = Field(
+        default=None, description="variables for a multi-user endpoint's user config template (a JSON object, at "
+                                  f"most {MAX_USER_CONFIG_BYTES} bytes encoded, nested at most "
+                                  f"{MAX_USER_CONFIG_DEPTH} deep), sent unchanged with this request's tasks; "
+                                  "400 otherwise")
 
 
 class Submitted(BaseModel):

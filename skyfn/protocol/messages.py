@@ -8,7 +8,7 @@ The service tells agents about cancellations with ControlMessages on a control q
 """
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,6 +37,16 @@ class TaskSpec(_Msg):
                                                       "outputs the agent stages out after the task")
 
 
+class SubmitterIdentity(_Msg):
+    """Who submitted a pack's tasks, as the identity-mapping rules of a multi-user endpoint read
+    it (the fields of a Globus Auth identity; endpoint_agent/multiuser/identity.py)."""
+
+    id: str = Field(description="the user id (the token's `sub`); what shares and ref capabilities name")
+    username: Optional[str] = None
+    email: Optional[str] = None
+    identity_provider: Optional[str] = None
+
+
 class TaskPack(_Msg):
     pack_id: str
     endpoint_id: str
@@ -49,6 +59,10 @@ class TaskPack(_Msg):
                                                            "capabilities are checked against, skyfn.data)")
     result_upload: Optional[dict] = Field(default=None, description="presigned S3 POST for large results of "
                                                                     "this endpoint (skyfn.protocol.blobs)")
+    identity: Optional[SubmitterIdentity] = Field(default=None, description="the submitter's identity claims: what a "
+                                                  "multi-user endpoint maps to a local account")
+    user_config: Optional[dict[str, Any]] = Field(default=None, description="the submitter's variables for a "
+                                                  "multi-user endpoint's user config template (JSON data)")
 
 
 class TaskUpdate(_Msg):

@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from skyfn.protocol import blobs
 from skyfn.protocol.api import NAME_PATTERN, Event
 
-PRINCIPAL_PATTERN = r"^(user|team):[A-Za-z0-9_.@+=,-][A-Za-z0-9_.@+=,:-]{0,199}$"
+# 'user:<id>', 'team:<id>', or 'all-users': every authenticated user (run only; functions and endpoints)
+PRINCIPAL_PATTERN = r"^(all-users|(user|team):[A-Za-z0-9_.@+=,-][A-Za-z0-9_.@+=,:-]{0,199})$"
 RENDEZVOUS_NAME_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
 MAX_RENDEZVOUS_TTL = 24 * 3600
 
@@ -24,7 +25,9 @@ class WhoAmI(BaseModel):
 
 
 class Grant(_Body):
-    principal: str = Field(pattern=PRINCIPAL_PATTERN, description="'user:<user id>' or 'team:<team id>'")
+    principal: str = Field(pattern=PRINCIPAL_PATTERN, description="'user:<user id>', 'team:<team id>', or "
+                                                                  "'all-users' (every signed-in user; role 'run' "
+                                                                  "on functions and endpoints only)")
     role: Literal["run", "manage"]
 
 

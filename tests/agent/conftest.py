@@ -221,3 +221,18 @@ def agent_factory(home, queues):
         if a.proc is not None and a.proc.poll() is None:
             a.proc.kill()
             a.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def shared_python():
+    """(python_path, pythonpath_env_value) for processes started as test accounts (issue 23):
+    /usr/bin/python3 and a PYTHONPATH of hard-linked copies of the repository's packages and the
+    venv's site-packages in a fresh 0755 directory, removed after the module (tests/multiuser.py).
+    Skips when the system's python is missing or another minor version than the venv's."""
+    from tests.multiuser import shared_python_copy, system_python_problem
+
+    problem = system_python_problem()
+    if problem:
+        pytest.skip(problem)
+    with shared_python_copy() as pair:
+        yield pair

@@ -70,7 +70,10 @@ def test_valid_token_allows_the_whole_stage_for_its_subject(env):
     (statement,) = answer["policyDocument"]["Statement"]
     assert statement == {"Action": "execute-api:Invoke", "Effect": "Allow",
                          "Resource": "arn:aws:execute-api:us-east-1:123456789012:abc123/prod/*/*"}
-    assert answer["context"] == {"sub": "user-1", "username": "ada@uni.edu"}
+    # the identity claims the API reads back (strings only: no email claim is ''; no provider
+    # claim: the issuer)
+    assert answer["context"] == {"sub": "user-1", "username": "ada@uni.edu", "email": "",
+                                 "identity_provider": url}
 
 
 @pytest.mark.parametrize("case", ["wrong_audience", "wrong_issuer", "expired", "other_key", "no_bearer",

@@ -7,6 +7,13 @@ The owner (who registered it) may do everything. The owner shares an object with
           run by a co-manager), rotate its agent credential.
 Granting or revoking `manage`, and deleting shares of others, stays with the owner.
 
+The principal `all-users` means every authenticated user (never an endpoint agent): a
+function or endpoint shared with `all-users` with role `run` may be used by anyone signed
+in -- how a site opens its multi-user endpoint (DESIGN.md section 12), whose identity
+mapping then decides who runs as which account. Only `run`, and only for functions and
+endpoints, is granted to `all-users` (400 otherwise); it is granted and revoked like any
+share, by the owner or a co-manager.
+
 A caller with no role gets 404 (the object's existence is not revealed); a caller with a
 role too small for the action gets 403 naming the role needed. Tasks and their results
 are not shared: only the submitter reads them (lambdas/core/tasks/tasks.py checks the owner).
@@ -27,6 +34,8 @@ from lambdas.core.errors import Forbidden, NotFound, ServiceError
 
 KINDS = ("function", "endpoint", "endpoint-group")
 ROLES = ("run", "manage")
+ALL_USERS = "all-users"  # the principal for every authenticated user
+ALL_USERS_KINDS = ("function", "endpoint")
 RANK = {"run": 1, "manage": 2, "owner": 3}
 _EMPTY = "-"  # field of a filled hash with no grants
 
@@ -40,6 +49,13 @@ return 1
 class InvalidShare(ServiceError):
     status = 422
     code = "invalid_share"
+
+
+class RefusedShare(ServiceError):
+    """A well-formed share this service does not grant (`all-users` beyond `run`)."""
+
+    status = 400
+    code = "share_refused"
 
 
 def _key(kind: str, obj_id: str) -> str:
@@ -72,6 +88,8 @@ def role(kind: str, obj_id: str, owner: str, user: str) -> Optional[str]:
     if not shared:
         return None
     best = shared.get(f"user:{user}")
+    if best is None and user and ALL_USERS in shared:  # any authenticated user (agents have no user)
+        best = shared[ALL_USERS]
     team_grants = {p[5:]: r for p, r in shared.items() if p.startswith("team:")}
     if team_grants:
         from lambdas.core.identity import teams
@@ -100,9 +118,11 @@ def allows(kind: str, obj_id: str, owner: str, user: str, need: str = "run") -> 
 
 # --- changing shares --------------------------------------------------------------------
 def check_principal(principal: str) -> str:
+    if principal == ALL_USERS:
+        return principal
     kind, _, name = principal.partition(":")
     if kind not in ("user", "team") or not name or len(principal) > 200:
-        raise InvalidShare(f"principal {principal!r} must be 'user:<user id>' or 'team:<team id>'")
+        raise InvalidShare(f"principal {principal!r} must be 'user:<user id>', 'team:<team id>' or '{ALL_USERS}'")
     return principal
 
 
@@ -110,6 +130,14 @@ def grant(kind: str, obj_id: str, owner: str, caller: str, principal: str, new_r
     check_principal(principal)
     if new_role not in ROLES:
         raise InvalidShare(f"role {new_role!r} is not one of {', '.join(ROLES)}")
+    if principal == ALL_USERS:
+        if kind not in ALL_USERS_KINDS:
+            raise RefusedShare(f"'{ALL_USERS}' can be granted functions and endpoints only, not an {kind}: share "
+                               f"the {kind} with 'user:<id>' or 'team:<id>' instead")
+        if new_role != "run":
+            raise RefusedShare(f"'{ALL_USERS}' can only be granted 'run': '{new_role}' would let every signed-in "
+                               f"user manage {kind} {obj_id} (rotate its credential, share it onwards); grant "
+                               f"'{new_role}' to a 'user:<id>' or 'team:<id>' instead")
     mine = require(kind, obj_id, owner, caller, "manage", f"{kind} {obj_id}")
     if principal == f"user:{owner}":
         raise InvalidShare(f"user {owner} owns {kind} {obj_id} already")

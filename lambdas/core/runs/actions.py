@@ -89,8 +89,9 @@ def describe(scope: str, admin_contact: str) -> dict[str, Any]:
 
 
 # --- run ----------------------------------------------------------------------------------
-def run(user: str, req: ActionRequest) -> tuple[dict[str, Any], bool]:
-    """Start the action (or return the one this request_id started). Returns (status, created)."""
+def run(user: str, req: ActionRequest, submitter: Optional[dict[str, str]] = None) -> tuple[dict[str, Any], bool]:
+    """Start the action (or return the one this request_id started). Returns (status, created).
+    `submitter`: the caller's identity claims, sent with the task (tasks.submit)."""
     r = deps.redis_client()
     digest = hashlib.sha256(req.model_dump_json().encode()).hexdigest()
     release_after = req.release_after or DEFAULT_RELEASE_AFTER
@@ -115,7 +116,7 @@ def run(user: str, req: ActionRequest) -> tuple[dict[str, Any], bool]:
     submit = SubmitTasks(endpoint_id=body.endpoint_id, idempotency_key=f"flows-ap:{digest}",
                          tasks=[TaskRequest(function_id=body.function_id, payload=pack_args(tuple(body.args), body.kwargs),
                                             walltime=body.walltime)])
-    answer, _ = tasks.submit(user, submit)  # 403 (allowlist), 404 (function, endpoint) pass through
+    answer, _ = tasks.submit(user, submit, submitter=submitter)  # 403 (allowlist), 404 (function, endpoint) pass through
     action_id = new_id()
     ttl = int(keep + 31 * 86400)  # longer than any action waits, plus the time its status is kept
     rec = {"u": user, "t": answer["task_ids"][0], "r": req.request_id, "h": digest, "st": f"{time.time():.6f}",

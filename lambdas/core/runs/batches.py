@@ -154,7 +154,7 @@ def route_chunk(event: dict[str, Any]) -> dict[str, Any]:
     req = SubmitTasks(endpoint_id=endpoint, max_retries=chunk["max_retries"],
                       idempotency_key=f"batch:{chunk['batch_id']}:{chunk['chunk']}",
                       tasks=[TaskRequest(function_id=chunk["function_id"], payload=t[1]) for t in chunk["tasks"]])
-    tasks.submit(owner, req, task_ids=ids)
+    tasks.submit(owner, req, task_ids=ids)  # no token here: the packs carry the owner's kept identity claims
     batch_id = chunk["batch_id"]
     pipe = deps.redis_client().pipeline(transaction=True)
     pipe.sadd(_key(batch_id, "pending"), *ids)

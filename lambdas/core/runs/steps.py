@@ -57,7 +57,7 @@ def submit(event: dict[str, Any]) -> dict[str, Any]:
     payload = pack_args(tuple(event.get("args") or ()), dict(event.get("kwargs") or {}))
     req = SubmitTasks(endpoint_id=endpoint, max_retries=int(event.get("max_retries") or 0),
                       tasks=[TaskRequest(function_id=event["function_id"], payload=payload)])
-    answer, _ = tasks.submit(owner, req)
+    answer, _ = tasks.submit(owner, req)  # no token here: the packs carry the owner's kept identity claims
     return {"task_id": answer["task_ids"][0]}
 
 

@@ -1,9 +1,11 @@
 """Task submission, status and cancellation: the service's hot path.
 
 A submission is validated, stored in the hot store (state QUEUED), packed per endpoint
-into TaskPacks (with the bodies of the functions they call) and sent to each endpoint's
-queue. Nothing per task touches DynamoDB: the submission record is written there off
-the hot path through the history outbox.
+into TaskPacks (with the bodies of the functions they call, the submitter's identity
+claims and the request's user_config, which a multi-user endpoint maps and renders:
+lambdas/core/identity/submitters.py) and sent to each endpoint's queue. Nothing per task
+touches DynamoDB: the submission record is written there off the hot path through the
+history outbox.
 """
 from __future__ import annotations
 
@@ -18,25 +20,38 @@ from aws_lambda_powertools import Logger
 from lambdas.adapters.redis_store.rows import TaskRow
 from lambdas.config import settings
 from lambdas.core import deps
-from lambdas.core.identity import allowlist
+from lambdas.core.identity import allowlist, submitters
 from lambdas.core.tasks import blobs, groups, idempotency, memo, push, registry
-from lambdas.core.errors import Conflict, NotFound, Unavailable
+from lambdas.core.errors import Conflict, NotFound, ServiceError, Unavailable
 from lambdas.core.ids import is_uuid, keyed_ids, new_id, new_ids
 from skyfn.protocol.api import SubmitTasks, TaskInfo, TaskStatus
 from skyfn.protocol.blobs import HEADER as BLOB_HEADER
 from skyfn.protocol.messages import PACK_MAX_BYTES, PACK_MAX_TASKS
 from skyfn.protocol.states import FINAL_STATES, parse_events
+from skyfn.protocol.user_config import problem as user_config_problem
 
 logger = Logger(service="skyfn-tasks", child=True)
 HISTORY_LOOKUPS = 100  # ids per status call looked up in DynamoDB when gone from Redis
 CLAIM_SECONDS = 15  # an idempotency key is held this long by an attempt that may have died
 
 
-def submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> tuple[dict[str, Any], bool]:
+class InvalidUserConfig(ServiceError):
+    status = 400
+    code = "invalid_user_config"
+
+
+def submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None,
+           submitter: dict[str, str] | None = None) -> tuple[dict[str, Any], bool]:
     """Returns (Submitted body, replayed). `task_ids`, one per task, are ids assigned
-    beforehand (a batch's ids are handed out before its chunks are routed)."""
+    beforehand (a batch's ids are handed out before its chunks are routed). `submitter`:
+    the caller's identity claims (lambdas.auth.Identity.claims); without them (runs submit
+    on the owner's behalf) the packs carry the claims last seen for the owner."""
     if task_ids is not None and len(task_ids) != len(req.tasks):
         raise ValueError(f"{len(task_ids)} task ids for {len(req.tasks)} tasks")
+    if req.user_config is not None:  # refused before the idempotency key is claimed
+        why = user_config_problem(req.user_config)
+        if why is not None:
+            raise InvalidUserConfig(why)
     key = req.idempotency_key
 
     def same_size(previous: dict[str, Any]) -> None:
@@ -49,11 +64,12 @@ def submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> t
     def busy() -> Unavailable:
         return Unavailable(f"a request with idempotency key {key!r} is still being processed: retry it in a moment")
 
-    return idempotency.submit_once(owner, key, lambda: _submit(owner, req, task_ids), busy=busy,
+    return idempotency.submit_once(owner, key, lambda: _submit(owner, req, task_ids, submitter), busy=busy,
                                    claim_seconds=CLAIM_SECONDS, check=same_size)
 
 
-def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> dict[str, Any]:
+def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None,
+            submitter: dict[str, str] | None = None) -> dict[str, Any]:
     created = time.time()
     tasks = req.tasks
     blobs.check_payloads(owner, tasks)  # S3 references must be the caller's own uploads
@@ -67,6 +83,8 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> 
     store = deps.store()
     memo_keys = memo.keys(req, functions)
     cached = memo.hits(store, owner, memo_keys)  # answered from the cache: never queued
+    # who submitted them (the caller's claims, kept for later runs; or the ones kept for the owner)
+    who = submitters.identity(owner, submitter)
 
     key = req.idempotency_key
     submission_id = keyed_ids(owner, key, 1, "submission")[0] if key else new_id()
@@ -107,7 +125,7 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None) -> 
         for ep, indices in by_endpoint.items():
             queue, _ = deps.task_queue(ep)
             queue.send(list(_packs(ep, indices, task_ids, tasks, bodies, containers, routing.tags, functions,
-                                    owner=owner)))
+                                    owner=owner, identity=who, user_config=req.user_config)))
             sent.update(task_ids[i] for i in indices)
     except Exception as exc:
         if not key:  # nobody can retry these: fail them; with a key the retry sends them
@@ -137,13 +155,24 @@ def _not_yet_queued(store, rows, by_endpoint, task_ids):
     return rows, by_endpoint
 
 
-def _packs(endpoint_id, indices, task_ids, tasks, bodies, containers, tags=None, functions=None, owner=None):
+def _packs(endpoint_id, indices, task_ids, tasks, bodies, containers, tags=None, functions=None, owner=None,
+           identity=None, user_config=None):
     """Yield encoded TaskPacks of at most PACK_MAX_TASKS tasks / ~PACK_MAX_BYTES.
     `functions` (registry.FunctionBody by id) gives each pack its functions' owners and
-    names, which endpoint allowlists of owner and name entries are checked against."""
+    names, which endpoint allowlists of owner and name entries are checked against.
+    Every pack carries `identity` (SubmitterIdentity: {id: owner} when not given) and the
+    request's `user_config`, unchanged, for a multi-user endpoint."""
+    if identity is None and owner:
+        identity = {"id": owner}
+    extra: dict[str, Any] = {}
+    if identity:
+        extra["identity"] = identity
+    if user_config is not None:
+        extra["user_config"] = user_config
+    base = len(orjson.dumps(extra)) if extra else 0  # in every pack
     batch: list[dict[str, Any]] = []
     fns: dict[str, str] = {}
-    size = 0
+    size = base
     for i in indices:
         t = tasks[i]
         spec = {"task_id": task_ids[i], "function_id": t.function_id, "payload": t.payload}
@@ -165,19 +194,22 @@ def _packs(endpoint_id, indices, task_ids, tasks, bodies, containers, tags=None,
             spec["payload_url"] = blobs.payload_url(t.payload)
         cost = len(t.payload) + 120 + (len(bodies[t.function_id]) if t.function_id not in fns else 0)
         if batch and (len(batch) >= PACK_MAX_TASKS or size + cost > PACK_MAX_BYTES):
-            yield _pack(endpoint_id, batch, fns, functions, owner)
-            batch, fns, size = [], {}, 0
+            yield _pack(endpoint_id, batch, fns, functions, owner, extra)
+            batch, fns, size = [], {}, base
             cost = len(t.payload) + 120 + len(bodies[t.function_id])
         fns.setdefault(t.function_id, bodies[t.function_id])
         batch.append(spec)
         size += cost
     if batch:
-        yield _pack(endpoint_id, batch, fns, functions, owner)
+        yield _pack(endpoint_id, batch, fns, functions, owner, extra)
 
 
 def _pack(endpoint_id: str, tasks: list[dict[str, Any]], fns: dict[str, str], functions=None,
-          owner: str | None = None) -> bytes:
+          owner: str | None = None, extra: dict[str, Any] | None = None) -> bytes:
+    """One encoded TaskPack; `extra`: its identity and user_config."""
     pack = {"pack_id": new_id(), "endpoint_id": endpoint_id, "functions": fns, "tasks": tasks}
+    if extra:
+        pack.update(extra)
     if owner:  # whose tasks these are: data refs are resolved for this user (skyfn.data.capability)
         pack["owner"] = owner
     if functions:
