@@ -129,6 +129,7 @@ class UserAgents:
         """Take up the user agents of records left by an earlier run: a live one is kept, one
         whose process is gone is started again when its streams still hold tasks."""
         adopted = []
+        known_users = self.router.users()
         for path in sorted(self.dir.glob("*.json")):
             try:
                 rec = json.loads(path.read_text())
@@ -140,7 +141,8 @@ class UserAgents:
             ua = UserAgent(key=rec["key"], account=account, digest=rec["digest"], config=rec["config"],
                            acl_user=rec["acl_user"], password=rec["password"], endpoint_id=rec["endpoint_id"],
                            pid=rec.get("pid"))
-            self.router.ensure_user(ua.acl_user, ua.password, ua.prefix)
+            if ua.acl_user not in known_users:  # re-made after a restart of the router's Redis
+                self.router.ensure_user(ua.acl_user, ua.password, ua.prefix)
             self._open_queues(ua)
             with self.lock:
                 self.agents[ua.key] = ua
