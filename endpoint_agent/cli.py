@@ -119,9 +119,15 @@ def start(name: str,
 
 def _run_foreground(name: str, paths: EndpointPaths, config) -> int:
     from endpoint_agent.agent import Agent
+
+    return _run_under_pidfile(paths, config.log_level, "skyfn.agent", lambda: Agent(name, config, paths=paths))
+
+
+def _run_under_pidfile(paths: EndpointPaths, log_level: str, logger: str, make_agent) -> int:
+    """Run the agent `make_agent()` builds in this process, logging to stderr, holding the pid file."""
     from endpoint_agent.service.link import ServiceError
 
-    logging.basicConfig(level=config.log_level, stream=sys.stderr,
+    logging.basicConfig(level=log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
     pidfile = PidFile(paths.pid)
     try:
@@ -130,9 +136,9 @@ def _run_foreground(name: str, paths: EndpointPaths, config) -> int:
         typer.echo(f"error: {exc}", err=True)
         return 1
     try:
-        return Agent(name, config, paths=paths).run()
+        return make_agent().run()
     except (ConfigError, ServiceError) as exc:
-        logging.getLogger("skyfn.agent").error("%s", exc)
+        logging.getLogger(logger).error("%s", exc)
         typer.echo(f"error: {exc}", err=True)
         return 2
     finally:
@@ -161,24 +167,8 @@ def _start_multi_user(name: str, paths: EndpointPaths, foreground: bool) -> int:
     if not foreground:
         return _daemonize(name, paths)
     from endpoint_agent.multiuser.endpoint import MultiUserEndpoint
-    from endpoint_agent.service.link import ServiceError
 
-    logging.basicConfig(level=mu.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
-    pidfile = PidFile(paths.pid)
-    try:
-        pidfile.acquire()
-    except AlreadyRunning as exc:
-        typer.echo(f"error: {exc}", err=True)
-        return 1
-    try:
-        return MultiUserEndpoint(name, mu, paths=paths).run()
-    except (ConfigError, ServiceError) as exc:
-        logging.getLogger("skyfn.multiuser").error("%s", exc)
-        typer.echo(f"error: {exc}", err=True)
-        return 2
-    finally:
-        pidfile.release()
+    return _run_under_pidfile(paths, mu.log_level, "skyfn.multiuser", lambda: MultiUserEndpoint(name, mu, paths=paths))
 
 
 def _daemonize(name: str, paths: EndpointPaths) -> int:
@@ -224,8 +214,11 @@ def stop(name: str, timeout: Optional[float] = typer.Option(None, help="seconds 
         typer.echo(f"endpoint {name} is not running" + (f" (ended its data redis-server, pid {left})" if left else ""))
         return
     if timeout is None:
+        from endpoint_agent.multiuser.configure import is_multi_user
+
         try:
-            timeout = load_config(paths.config).grace_period + 15.0
+            # a multi-user endpoint first stops its user agents, each with its grace period
+            timeout = 120.0 if is_multi_user(paths.config) else load_config(paths.config).grace_period + 15.0
         except ConfigError:
             timeout = 45.0
     os.kill(pid, signal.SIGTERM)

@@ -66,3 +66,22 @@ def pid_alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except Exception:
         return True
+
+
+def serve_until_signalled(ready: dict, ready_file: str | None) -> None:
+    """A standalone server's main loop: announce `ready` (one JSON line on stdout, and in
+    `ready_file` when given, written atomically), then wait for SIGINT or SIGTERM."""
+    import json
+    import threading
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    if ready_file:
+        tmp = ready_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(ready, f)
+        os.replace(tmp, ready_file)
+    print(json.dumps(ready), flush=True)
+    while not stop.wait(1.0):
+        pass

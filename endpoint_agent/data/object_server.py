@@ -36,6 +36,7 @@ from typing import Any, Callable, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from endpoint_agent.procutil import serve_until_signalled
 from skyfn.data import capability
 from skyfn.data.connectors.direct import default_directory, expiry_of, map_object, object_path, rendezvous_token
 from skyfn.protocol.objects import PROTOCOL_VERSION, SECRET_ENV, TAG_DATA, TAG_REPLY, TAG_REQUEST, TOKEN_ENV
@@ -459,18 +460,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    ready = {"listening": server.name, "directory": server.directory, "pid": os.getpid()}
-    if args.ready_file:
-        tmp = args.ready_file + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(ready, f)
-        os.replace(tmp, args.ready_file)
-    print(json.dumps(ready), flush=True)
-    while not stop.wait(1.0):
-        pass
+    serve_until_signalled({"listening": server.name, "directory": server.directory, "pid": os.getpid()},
+                          args.ready_file)
     server.stop(timeout=2.0)
     return 0
 

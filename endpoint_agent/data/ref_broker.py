@@ -35,13 +35,13 @@ import os
 import pwd
 import secrets
 import selectors
-import signal
 import socket
 import stat
 import sys
 import threading
 from typing import Any, Optional
 
+from endpoint_agent.procutil import serve_until_signalled
 from skyfn.data import capability
 from skyfn.data.connectors import from_config
 from skyfn.data.peer import LineReader, identities, peer_uid
@@ -377,18 +377,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (ValueError, OSError, RuntimeError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    ready = {"sockets": broker.sockets, "pid": os.getpid()}
-    if args.ready_file:
-        tmp = args.ready_file + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(ready, f)
-        os.replace(tmp, args.ready_file)
-    print(json.dumps(ready), flush=True)
-    while not stop.wait(1.0):
-        pass
+    serve_until_signalled({"sockets": broker.sockets, "pid": os.getpid()}, args.ready_file)
     broker.stop(timeout=2.0)
     return 0
 
