@@ -335,6 +335,12 @@ def handler(event: dict, context: LambdaContext) -> dict:
             app.append_context(identity=identify(event))
         except Unauthorized as exc:
             return _early(401, "unauthorized", str(exc))
+    path = event.get("path") or ""
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+        # Powertools' route patterns end in `$`, which also matches before a final newline:
+        # `/endpoints/%0A` would list the endpoints instead of naming no resource
+        return _early(404, "not_found", "no such resource: the path has control characters (percent-decoded); "
+                                        "check the URL")
     return app.resolve(event, context)
 
 

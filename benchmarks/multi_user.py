@@ -1,0 +1,587 @@
+"""A multi-user endpoint (issue 23) on the embedded runtime: cold start, warm round trip,
+throughput of many users, and the memory of an idle user agent.
+
+    sudo .venv/bin/python benchmarks/multi_user.py [--json] [--users 10] [--tasks 1000] [--rtt 200]
+                                                   [--workers 2] [--idle 5] [--quick]
+
+(also `python -m benchmarks.multi_user`). It must run as root, as a site's privileged
+process does, and needs useradd, redis-server and /usr/bin/python3 of the venv's minor
+version; otherwise it refuses with the reason (exit code 2).
+
+Setup (all made here, all removed at the end, also after an error or Ctrl-C/SIGTERM):
+
+- the embedded runtime (`infra.local.runtime.up(home, detach=True, endpoint=False)`) in a
+  private SKYFN_HOME;
+- `--users` fresh local accounts (tests/multiuser.py LocalAccounts: `useradd -m`, removed
+  with `userdel -r`) and a shared interpreter (tests/multiuser.py shared_python_copy:
+  /usr/bin/python3 with a PYTHONPATH every account can read; the venv lives under /root);
+- one multi-user endpoint `mu` (write_multi_user_files, then: the shared interpreter as
+  user_agent_python, an expression rule mapping `<account>@users.example.org` to the
+  account, a user config template of `workers: --workers` and a data Redis started by each
+  user agent; every other setting is the default), its privileged process started as root
+  with `python -m endpoint_agent start mu --foreground`, shared with `all-users`;
+- one ordinary single-user endpoint `su` with the same agent config (the same worker count
+  and data Redis) and the same interpreter and PYTHONPATH as the user agents, started as
+  root with `python -m endpoint_agent start su --foreground`, owned by the first user.
+
+Every skyfn user has a token with the email of its account. Tasks are a no-op
+(`return x`), registered once per user before anything is timed, and submitted with the
+SDK's Executor (results push on), one Executor per user and endpoint.
+
+Figures (JSON keys; goals from issue 23's "What must be shown"):
+
+- `cold_start_first_result_s` (goal <= 1.5): the median over the users of the time from
+  submitting a user's first task to its result while no user agent of theirs runs: the
+  router maps the identity, renders the config, starts the user agent as the account,
+  which starts its data redis-server, its interchange, its manager and workers, takes the
+  task and returns the result through the router. Users are started one after another
+  (`cold_start_samples_s`: each); `cold_start_breakdown_ms`: median of where the time
+  went, read from the user agent's log (router/agents/<key>.log) and its process start
+  time: `spawn` (submit -> the user agent process exists: the service, the router's
+  receive, mapping, account checks, working directory), `boot` (-> its first log line:
+  the interpreter and its imports), `data_redis` (-> its data redis-server answers),
+  `to_running` (-> `endpoint ... running`: outbox, interchange, managers started),
+  `first_result` (-> the result is back here: the manager and workers start, the task
+  runs, the result travels back through the router and the service).
+- `warm_rtt_over_single_user` (goal <= 1.1): the median round trip of one task
+  (submit -> result, one at a time, `--rtt` samples after a warm-up) through the
+  multi-user endpoint with the user agent warm, over the same through the single-user
+  endpoint. The samples alternate between the two endpoints, so load from elsewhere on
+  the machine falls on both alike. `warm_rtt_mu_ms` / `warm_rtt_su_ms`: p50 and p99.
+- `ten_users_over_one_user` (goal >= 0.8): throughput (tasks/s, first submit to last
+  result) of `--users` users x `--tasks` tasks submitted concurrently (one thread and one
+  Executor per user, each user with a user agent of `--workers` workers) over that of
+  one user x users*tasks tasks on the same endpoint (one user agent). After a warm-up
+  batch of 100 tasks per user.
+- `idle_user_agent_rss_mb`: the median over the users' agents of the RSS summed over the
+  user agent's process tree (the agent, its manager and workers, its data redis-server),
+  `--idle` seconds after its first task; `idle_user_agent_pss_mb` the same as PSS
+  (shared pages counted once across the tree: what the tree really costs).
+
+`load_average` gives the machine's 1-minute load before and after: other work on the
+machine (tests, builds) weighs on every figure here. With --json the last line printed
+is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as `python benchmarks/multi_user.py`
+    sys.path.insert(0, str(ROOT))
+
+DOMAIN = "users.example.org"
+MU, SU = "mu", "su"
+TOKEN_TTL = 6 * 3600
+QUICK = {"users": 3, "tasks": 200, "rtt": 40, "idle": 3.0}
+WARMUP_PER_USER = 100
+GOALS = {"cold_start_first_result_s": "<= 1.5", "warm_rtt_over_single_user": "<= 1.1",
+         "ten_users_over_one_user": ">= 0.8"}
+
+
+def noop(x):
+    return x
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def problem() -> str | None:
+    """Why this machine cannot run the benchmark, or None."""
+    if os.geteuid() != 0:
+        return ("benchmarks/multi_user.py must run as root: a multi-user endpoint's privileged process starts each "
+                "user agent as a local account, and the benchmark makes those accounts (useradd). Run it with sudo.")
+    for tool in ("useradd", "userdel", "redis-server"):
+        if not shutil.which(tool):
+            return f"benchmarks/multi_user.py needs {tool} on PATH"
+    from tests.multiuser import system_python_problem
+
+    return system_python_problem()
+
+
+class Site:
+    """The runtime, the accounts, the two endpoints; `close()` removes everything."""
+
+    def __init__(self, users: int, workers: int, echo):
+        from tests.multiuser import LocalAccounts
+
+        self.n_users, self.workers, self.echo = users, workers, echo
+        self.accounts_made = LocalAccounts("mub")
+        self.accounts: list[str] = []
+        self.python_copy = None
+        self.python = self.pythonpath = ""
+        self.home = Path(tempfile.mkdtemp(prefix="skyfn-mub-home-"))
+        self.runtime_dir = Path(tempfile.mkdtemp(prefix="skyfn-mub-run-"))
+        os.chmod(self.runtime_dir, 0o755)
+        self.state = None
+        self.runtime_up = False
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.endpoint_ids: dict[str, str] = {}
+        self.clients: list = []
+        self.old_home = os.environ.get("SKYFN_HOME")
+
+    # --- setup -----------------------------------------------------------------------
+    def open(self) -> "Site":
+        from infra.local import runtime
+        from infra.local.state import StateDir
+        from tests.multiuser import shared_python_copy
+
+        self.python_copy = shared_python_copy()
+        self.python, self.pythonpath = self.python_copy.__enter__()
+        os.environ["SKYFN_HOME"] = str(self.home)
+        self.state = StateDir.at(self.home)
+        self.echo(f"making {self.n_users} accounts")
+        self.accounts = [self.accounts_made.user() for _ in range(self.n_users)]
+        self.echo("starting the embedded runtime")
+        self.runtime_up = True
+        runtime.up(self.home, detach=True, endpoint=False, echo=lambda *_: None)
+        self._write_multi_user()
+        self._write_single_user()
+        admin_token = runtime.mint_token(self.state, "site-admin", TOKEN_TTL)
+        self.echo("starting the multi-user endpoint and the single-user endpoint")
+        self._start(MU, self.home / "endpoints" / MU, sys.executable, {"SKYFN_TOKEN": admin_token}, cwd=ROOT)
+        self._start(SU, self.home / "endpoints" / SU, self.python,
+                    {"SKYFN_TOKEN": self.token(0), "PYTHONPATH": self.pythonpath}, cwd=self.home)
+        for name in (MU, SU):
+            self._wait_running(name)
+        admin = self.client_of("site-admin", None)
+        admin.share("endpoints", self.endpoint_ids[MU], "all-users", "run")
+        return self
+
+    @property
+    def service_url(self) -> str:
+        return self.state.read_runtime()["service_url"]
+
+    def endpoint_dir(self, name: str) -> Path:
+        return self.home / "endpoints" / name
+
+    def token(self, i: int) -> str:
+        from infra.local import runtime
+
+        return runtime.mint_token(self.state, f"user{i}-id", TOKEN_TTL, email=f"{self.accounts[i]}@{DOMAIN}")
+
+    def client_of(self, user: str, email: str | None):
+        from infra.local import runtime
+        from skyfn import Client
+
+        c = Client(service_url=self.service_url, token=runtime.mint_token(self.state, user, TOKEN_TTL, email=email))
+        self.clients.append(c)
+        return c
+
+    def user_client(self, i: int):
+        return self.client_of(f"user{i}-id", f"{self.accounts[i]}@{DOMAIN}")
+
+    def _write_multi_user(self) -> None:
+        import yaml
+
+        from endpoint_agent.multiuser.configure import write_multi_user_files
+        from endpoint_agent.paths import EndpointPaths
+
+        paths = EndpointPaths(MU, root=self.home / "endpoints").ensure()
+        write_multi_user_files(paths)
+        config = yaml.safe_load(paths.config.read_text())
+        config.update({"runtime_directory": str(self.runtime_dir / "{name}"), "user_agent_python": self.python})
+        paths.config.write_text(yaml.safe_dump(config))
+        (paths.dir / "identity_mapping.yaml").write_text(yaml.safe_dump([{
+            "DATA_TYPE": "expression_identity_mapping#1.0.0",
+            "mappings": [{"source": "{email}", "match": r"(.*)@users\.example\.org", "output": "{0}"}]}]))
+        (paths.dir / "user_environment").write_text(f"LANG=C.UTF-8\nPYTHONPATH={self.pythonpath}\n")
+        (paths.dir / "user_config_template.yaml.j2").write_text(
+            "provider: local\n"
+            f"workers: {{{{ workers | default({self.workers}) }}}}\n"
+            "log_level: INFO\n"
+            "data:\n  default: redis\n  redis:\n    start: true\n")
+
+    def _write_single_user(self) -> None:
+        from endpoint_agent.paths import EndpointPaths
+
+        paths = EndpointPaths(SU, root=self.home / "endpoints").ensure()
+        paths.config.write_text(f"provider: local\nworkers: {self.workers}\nlog_level: INFO\n"
+                                "data:\n  default: redis\n  redis:\n    start: true\n")
+
+    def _start(self, name: str, directory: Path, python: str, env: dict, cwd: Path) -> None:
+        env = {**os.environ, "SKYFN_HOME": str(self.home), "SKYFN_SERVICE_URL": self.service_url, **env}
+        with open(directory / "agent-foreground.log", "ab") as log:
+            self.procs[name] = subprocess.Popen([python, "-m", "endpoint_agent", "start", name, "--foreground"],
+                                                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                                cwd=str(cwd), start_new_session=True)
+
+    def _wait_running(self, name: str, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = self.status(name)
+            if status.get("state") == "running" and status.get("endpoint_id"):
+                self.endpoint_ids[name] = status["endpoint_id"]
+                return
+            if self.procs[name].poll() is not None:
+                raise RuntimeError(f"endpoint {name} exited: {self.log_tail(name)}")
+            time.sleep(0.1)
+        raise RuntimeError(f"endpoint {name} did not start within {timeout:.0f} s: {self.log_tail(name)}")
+
+    def status(self, name: str) -> dict:
+        try:
+            return json.loads((self.endpoint_dir(name) / "status.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+
+    def log_tail(self, name: str, n: int = 30) -> str:
+        try:
+            lines = (self.endpoint_dir(name) / "agent-foreground.log").read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(lines[-n:])
+
+    def user_agent(self, account: str, timeout: float = 10.0) -> dict:
+        """The status.json entry of the account's user agent (written within ~0.5 s of a change)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for ua in self.status(MU).get("user_agents", []):
+                if ua["account"] == account and ua.get("pid") and ua.get("alive"):
+                    return ua
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no running user agent of {account} in {self.endpoint_dir(MU) / 'status.json'}")
+            time.sleep(0.1)
+
+    # --- teardown ----------------------------------------------------------------------
+    def close(self) -> None:
+        """Everything made, in order; each step runs whatever the previous ones did."""
+        from infra.local import runtime
+
+        steps = [("clients", self._close_clients)]
+        for name in (MU, SU):
+            steps.append((f"endpoint {name}", lambda n=name: self._stop(n)))
+        steps += [("leftover redis-servers", self._end_leftover_redis),
+                  ("processes of the accounts", self._kill_account_processes)]
+        if self.runtime_up:
+            steps.append(("runtime", lambda: runtime.down(self.home, echo=lambda *_: None)))
+        steps += [("accounts", self.accounts_made.remove_all),
+                  ("directories", lambda: [shutil.rmtree(p, ignore_errors=True) for p in (self.runtime_dir, self.home)])]
+        if self.python_copy is not None:
+            steps.append(("shared interpreter", lambda: self.python_copy.__exit__(None, None, None)))
+        for what, step in steps:
+            try:
+                step()
+            except BaseException as exc:  # noqa: BLE001 - clean up the rest whatever happens
+                print(f"cleanup of {what} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        if self.old_home is None:
+            os.environ.pop("SKYFN_HOME", None)
+        else:
+            os.environ["SKYFN_HOME"] = self.old_home
+
+    def _close_clients(self) -> None:
+        for c in self.clients:
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001
+                pass
+        self.clients.clear()
+
+    def _stop(self, name: str, timeout: float = 90.0) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            print(f"endpoint {name} did not stop within {timeout:.0f} s: killing it (pid {proc.pid})", file=sys.stderr)
+            proc.kill()
+            proc.wait(10)
+
+    def _end_leftover_redis(self) -> None:
+        """Redis servers a killed endpoint left: the router's (its record) and the single-user agent's data one."""
+        from endpoint_agent.data.plane import end_leftover_redis
+        from endpoint_agent.data.redis_process import end_redis, is_redis
+
+        record = self.endpoint_dir(MU) / "router" / "redis.json"
+        try:
+            pid = json.loads(record.read_text()).get("pid")
+        except (OSError, ValueError):
+            pid = None
+        if pid and is_redis(pid):
+            end_redis(pid)
+        end_leftover_redis(self.endpoint_dir(SU))
+
+    def _kill_account_processes(self) -> None:
+        """Whatever still runs as one of the accounts made here (user agents, their workers and
+        data redis-servers after a hard stop): killed by pid."""
+        import pwd
+
+        import psutil
+
+        uids = set()
+        for name in self.accounts_made.made:
+            try:
+                uids.add(pwd.getpwnam(name).pw_uid)
+            except KeyError:
+                pass
+        if not uids:
+            return
+        left = [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real in uids]
+        for p in left:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(left, timeout=10)
+
+
+# --- measurements -------------------------------------------------------------------------
+
+def tree_memory(pid: int) -> tuple[float, float, int]:
+    """(RSS MB, PSS MB, processes) summed over the process tree of pid."""
+    import psutil
+
+    root = psutil.Process(pid)
+    rss = pss = 0
+    procs = [root] + root.children(recursive=True)
+    for p in procs:
+        try:
+            info = p.memory_full_info()
+            rss += info.rss
+            pss += getattr(info, "pss", info.rss)
+        except psutil.Error:
+            pass
+    return rss / 2**20, pss / 2**20, len(procs)
+
+
+def _log_times(path: Path) -> list[tuple[float, str]]:
+    """(epoch, line) of each timestamped line of an agent log (`%(asctime)s` with ms)."""
+    out = []
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        try:
+            stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        except ValueError:
+            continue
+        out.append((stamp, line))
+    return out
+
+
+def cold_breakdown(site: Site, ua: dict, submitted: float, done: float) -> dict[str, float]:
+    """Where one cold start's time went (ms), from the user agent's process start and its log."""
+    import psutil
+
+    marks = {"submitted": submitted}
+    try:
+        marks["spawned"] = psutil.Process(ua["pid"]).create_time()
+    except psutil.Error:
+        pass
+    lines = _log_times(site.endpoint_dir(MU) / "router" / "agents" / f"{ua['key']}.log")
+    if lines:
+        marks["first_log"] = lines[0][0]
+    for stamp, line in lines:
+        if "data_redis" not in marks and "redis-server for the endpoint's data" in line:
+            marks["data_redis"] = stamp
+        if "running" not in marks and " running: " in line:
+            marks["running"] = stamp
+    marks["result"] = done
+    order = [("spawn", "spawned"), ("boot", "first_log"), ("data_redis", "data_redis"), ("to_running", "running"),
+             ("first_result", "result")]
+    out, previous = {}, submitted
+    for label, mark in order:
+        if mark in marks:
+            out[label] = round((marks[mark] - previous) * 1000, 1)
+            previous = marks[mark]
+    return out
+
+
+def run_batch(executors: list, fids: list[str], n_each: int, timeout: float = 1800) -> float:
+    """Seconds from the first submit to the last result of n_each tasks on each executor (a
+    thread each, submitting fids[i] on executors[i])."""
+    barrier = threading.Barrier(len(executors) + 1)
+    errors: list[BaseException] = []
+
+    def one(ex, fid):
+        try:
+            barrier.wait()
+            futures = [ex.submit(fid, i) for i in range(n_each)]
+            for f in futures:
+                f.result(timeout=timeout)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=pair, daemon=True) for pair in zip(executors, fids)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"{len(errors)} of {len(executors)} submitters failed: {errors[0]!r}") from errors[0]
+    return elapsed
+
+
+def rtt_ms(ex, fid: str) -> float:
+    t0 = time.perf_counter()
+    ex.submit(fid, 1).result(timeout=120)
+    return (time.perf_counter() - t0) * 1000
+
+
+def measure(site: Site, args, echo) -> dict:
+    from skyfn import Executor
+
+    users = range(site.n_users)
+    mu_id, su_id = site.endpoint_ids[MU], site.endpoint_ids[SU]
+    clients = [site.user_client(i) for i in users]
+    fids = [c.register_function(noop) for c in clients]
+    executors = [Executor(endpoint_id=mu_id, client=c) for c in clients]
+    su_client = site.user_client(0)
+    su_fid = su_client.register_function(noop)
+    su_ex = Executor(endpoint_id=su_id, client=su_client)
+    try:
+        # 1. cold starts, one user after another
+        echo("cold starts: the first task of each user")
+        cold, breakdowns, agents = [], [], []
+        for i in users:
+            submitted = time.time()
+            t0 = time.perf_counter()
+            value = executors[i].submit(fids[i], i).result(timeout=180)
+            elapsed = time.perf_counter() - t0
+            done = time.time()
+            assert value == i, value
+            ua = site.user_agent(site.accounts[i])
+            agents.append(ua)
+            cold.append(elapsed)
+            breakdowns.append(cold_breakdown(site, ua, submitted, done))
+            echo(f"  user {i} ({site.accounts[i]}): {elapsed:.3f} s  {breakdowns[-1]}")
+        idle_since = time.monotonic()
+
+        # 2. idle user agents' memory
+        time.sleep(max(0.0, args.idle - (time.monotonic() - idle_since)))
+        mems = [tree_memory(ua["pid"]) for ua in agents]
+        echo(f"idle user agents (after >= {args.idle:g} s idle): RSS "
+             f"{', '.join(f'{m[0]:.0f}' for m in mems)} MB; PSS {', '.join(f'{m[1]:.0f}' for m in mems)} MB; "
+             f"{mems[0][2]} processes each")
+
+        # 3. warm round trips, alternating between the endpoints
+        echo(f"warm round trips: {args.rtt} on each endpoint, alternating")
+        for _ in range(20):
+            rtt_ms(executors[0], fids[0])
+            rtt_ms(su_ex, su_fid)
+        mu_rtt, su_rtt = [], []
+        for _ in range(args.rtt):
+            mu_rtt.append(rtt_ms(executors[0], fids[0]))
+            su_rtt.append(rtt_ms(su_ex, su_fid))
+        mu_p50, su_p50 = statistics.median(mu_rtt), statistics.median(su_rtt)
+        echo(f"  multi-user p50 {mu_p50:.2f} ms p99 {percentile(mu_rtt, 0.99):.2f} ms; "
+             f"single-user p50 {su_p50:.2f} ms p99 {percentile(su_rtt, 0.99):.2f} ms")
+
+        # 4. throughput: users x tasks at once, against one user x users*tasks
+        echo(f"warm-up: {WARMUP_PER_USER} tasks per user, all users at once")
+        run_batch(executors, fids, WARMUP_PER_USER)
+        total = site.n_users * args.tasks
+        echo(f"{site.n_users} users x {args.tasks} tasks at once")
+        many_s = run_batch(executors, fids, args.tasks)
+        echo(f"  {many_s:.2f} s: {total / many_s:.0f} tasks/s")
+        echo(f"1 user x {total} tasks")
+        one_s = run_batch(executors[:1], fids[:1], total)
+        echo(f"  {one_s:.2f} s: {total / one_s:.0f} tasks/s")
+    finally:
+        for ex in executors + [su_ex]:
+            try:
+                ex.shutdown(wait=True, cancel_futures=True)
+            except Exception:  # noqa: BLE001
+                pass
+
+    return {
+        "cold_start_first_result_s": round(statistics.median(cold), 3),
+        "cold_start_samples_s": [round(c, 3) for c in cold],
+        "cold_start_breakdown_ms": {k: round(statistics.median([b[k] for b in breakdowns if k in b]), 1)
+                                    for k in breakdowns[0]},
+        "warm_rtt_over_single_user": round(mu_p50 / su_p50, 3),
+        "warm_rtt_mu_ms": {"p50": round(mu_p50, 3), "p99": round(percentile(mu_rtt, 0.99), 3)},
+        "warm_rtt_su_ms": {"p50": round(su_p50, 3), "p99": round(percentile(su_rtt, 0.99), 3)},
+        "ten_users_over_one_user": round((total / many_s) / (total / one_s), 3),
+        "many_users_tasks_per_s": round(total / many_s),
+        "one_user_tasks_per_s": round(total / one_s),
+        "idle_user_agent_rss_mb": round(statistics.median(m[0] for m in mems), 1),
+        "idle_user_agent_pss_mb": round(statistics.median(m[1] for m in mems), 1),
+        "idle_user_agent_rss_samples_mb": [round(m[0], 1) for m in mems],
+        "idle_user_agent_processes": mems[0][2],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    ap.add_argument("--users", type=int, default=10, help="users (accounts, user agents) of the throughput run")
+    ap.add_argument("--tasks", type=int, default=1000, help="tasks per user in the throughput run")
+    ap.add_argument("--rtt", type=int, default=200, help="round trips timed on each endpoint")
+    ap.add_argument("--workers", type=int, default=2, help="workers of each user agent and of the single-user endpoint")
+    ap.add_argument("--idle", type=float, default=5.0, help="seconds a user agent idles before its memory is read")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"a small run for tests: {QUICK['users']} users x {QUICK['tasks']} tasks, "
+                         f"{QUICK['rtt']} round trips")
+    args = ap.parse_args(argv)
+    if args.quick:
+        for key, value in QUICK.items():
+            setattr(args, key, value)
+    if args.users < 1 or args.tasks < 1 or args.rtt < 1:
+        ap.error("--users, --tasks and --rtt must be at least 1")
+    why = problem()
+    if why:
+        print(why, file=sys.stderr)
+        return 2
+
+    def echo(line: str) -> None:
+        print(line, flush=True)
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    load_before = os.getloadavg()[0]
+    site = Site(args.users, args.workers, echo)
+    started = time.monotonic()
+    try:
+        site.open()
+        echo(f"set up in {time.monotonic() - started:.1f} s (load average {os.getloadavg()[0]:.2f})")
+        out = measure(site, args, echo)
+    finally:
+        echo("cleaning up")
+        site.close()
+    out.update({"users": args.users, "tasks_per_user": args.tasks, "rtt_samples": args.rtt, "workers": args.workers,
+                "quick": args.quick, "goals": GOALS, "cpus": os.cpu_count(),
+                "load_average": {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)},
+                "user_agent_python": "/usr/bin/python3 (shared copy of the venv's packages)",
+                "wall_s": round(time.monotonic() - started, 1)})
+    met = {"cold_start_first_result_s": out["cold_start_first_result_s"] <= 1.5,
+           "warm_rtt_over_single_user": out["warm_rtt_over_single_user"] <= 1.1,
+           "ten_users_over_one_user": out["ten_users_over_one_user"] >= 0.8}
+    out["goals_met"] = met
+    echo(f"cold start, first result:       {out['cold_start_first_result_s']:.3f} s (median of {args.users}; goal <= 1.5)")
+    echo(f"warm RTT multi/single user:     {out['warm_rtt_over_single_user']:.3f} "
+         f"({out['warm_rtt_mu_ms']['p50']:.2f} / {out['warm_rtt_su_ms']['p50']:.2f} ms; goal <= 1.1)")
+    echo(f"{args.users} users over 1 user throughput: {out['ten_users_over_one_user']:.3f} "
+         f"({out['many_users_tasks_per_s']} / {out['one_user_tasks_per_s']} tasks/s; goal >= 0.8)")
+    echo(f"idle user agent RSS:            {out['idle_user_agent_rss_mb']:.1f} MB "
+         f"(PSS {out['idle_user_agent_pss_mb']:.1f} MB, {out['idle_user_agent_processes']} processes)")
+    echo(f"load average before/after: {out['load_average']['before']} / {out['load_average']['after']} "
+         f"on {out['cpus']} CPUs")
+    if args.json:
+        print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
