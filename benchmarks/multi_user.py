@@ -2,7 +2,8 @@
 throughput of many users, and the memory of an idle user agent.
 
     sudo .venv/bin/python benchmarks/multi_user.py [--json] [--users 10] [--tasks 1000] [--rtt 200]
-                                                   [--workers 2] [--idle 5] [--quick]
+                                                   [--repeat 3] [--workers 2] [--idle 5] [--quick]
+                                                   [--logs DIR]
 
 (also `python -m benchmarks.multi_user`). It must run as root, as a site's privileged
 process does, and needs useradd, redis-server and /usr/bin/python3 of the venv's minor
@@ -34,15 +35,20 @@ Figures (JSON keys; goals from issue 23's "What must be shown"):
   submitting a user's first task to its result while no user agent of theirs runs: the
   router maps the identity, renders the config, starts the user agent as the account,
   which starts its data redis-server, its interchange, its manager and workers, takes the
-  task and returns the result through the router. Users are started one after another
-  (`cold_start_samples_s`: each); `cold_start_breakdown_ms`: median of where the time
-  went, read from the user agent's log (router/agents/<key>.log) and its process start
-  time: `spawn` (submit -> the user agent process exists: the service, the router's
-  receive, mapping, account checks, working directory), `boot` (-> its first log line:
-  the interpreter and its imports), `data_redis` (-> its data redis-server answers),
-  `to_running` (-> `endpoint ... running`: outbox, interchange, managers started),
-  `first_result` (-> the result is back here: the manager and workers start, the task
-  runs, the result travels back through the router and the service).
+  task and returns the result through the router. Users are started one after another,
+  each after one task of theirs on the single-user endpoint (so the service's side of
+  every user is warm: what is timed is the endpoint's cold start, plus the Executor's
+  first connection). `cold_start_samples_s`: each; `cold_start_service_s`: the median of
+  CREATED -> STORED from the tasks' events (the Executor's part left out);
+  `cold_start_breakdown_ms`: the median of where the time went, read from the logs of the
+  privileged process, of the user agent (router/agents/<key>.log) and of its data
+  redis-server: `spawn` (submit -> the router has started the user agent process: the
+  service, the router's receive, mapping, account checks, working directory, fork/exec),
+  `boot` (-> the agent executes redis-server: the interpreter, its imports, the config),
+  `data_redis` (-> the agent has seen its data redis-server answer), `to_running` (->
+  `endpoint ... running`: outbox, interchange, managers started), `first_result` (-> the
+  result is back here: the manager and its workers start, the task runs, the result
+  travels back through the router and the service).
 - `warm_rtt_over_single_user` (goal <= 1.1): the median round trip of one task
   (submit -> result, one at a time, `--rtt` samples after a warm-up) through the
   multi-user endpoint with the user agent warm, over the same through the single-user
@@ -51,12 +57,18 @@ Figures (JSON keys; goals from issue 23's "What must be shown"):
 - `ten_users_over_one_user` (goal >= 0.8): throughput (tasks/s, first submit to last
   result) of `--users` users x `--tasks` tasks submitted concurrently (one thread and one
   Executor per user, each user with a user agent of `--workers` workers) over that of
-  one user x users*tasks tasks on the same endpoint (one user agent). After a warm-up
-  batch of 100 tasks per user.
+  one user x users*tasks tasks on the same endpoint (one user agent). After one untimed
+  round of the many-user batch (the service scales its Lambda environments up to the
+  concurrency of 10 users: the first round pays for that), `--repeat` rounds alternate
+  the two batches and the ratio is of their medians (`many_users_batch_s`,
+  `one_user_batch_s`: each round).
 - `idle_user_agent_rss_mb`: the median over the users' agents of the RSS summed over the
   user agent's process tree (the agent, its manager and workers, its data redis-server),
   `--idle` seconds after its first task; `idle_user_agent_pss_mb` the same as PSS
   (shared pages counted once across the tree: what the tree really costs).
+
+`--logs DIR` keeps the endpoints' and user agents' logs. `--quick` (3 users x 200 tasks,
+40 round trips) runs in under a minute: tests/mu_endpoint/test_multi_user_benchmark.py.
 
 `load_average` gives the machine's 1-minute load before and after: other work on the
 machine (tests, builds) weighs on every figure here. With --json the last line printed
@@ -86,7 +98,6 @@ DOMAIN = "users.example.org"
 MU, SU = "mu", "su"
 TOKEN_TTL = 6 * 3600
 QUICK = {"users": 3, "tasks": 200, "rtt": 40, "idle": 3.0}
-WARMUP_PER_USER = 100
 GOALS = {"cold_start_first_result_s": "<= 1.5", "warm_rtt_over_single_user": "<= 1.1",
          "ten_users_over_one_user": ">= 0.8"}
 
@@ -256,6 +267,13 @@ class Site:
                 raise RuntimeError(f"no running user agent of {account} in {self.endpoint_dir(MU) / 'status.json'}")
             time.sleep(0.1)
 
+    def save_logs(self, target: Path) -> None:
+        target.mkdir(parents=True, exist_ok=True)
+        for path in list(self.endpoint_dir(MU).glob("*.log")) + list(self.endpoint_dir(SU).glob("*.log")) + \
+                list((self.endpoint_dir(MU) / "router" / "agents").glob("*.log")):
+            shutil.copy(path, target / f"{path.parent.name}-{path.name}")
+        self.echo(f"logs copied to {target}")
+
     # --- teardown ----------------------------------------------------------------------
     def close(self) -> None:
         """Everything made, in order; each step runs whatever the previous ones did."""
@@ -269,7 +287,7 @@ class Site:
         if self.runtime_up:
             steps.append(("runtime", lambda: runtime.down(self.home, echo=lambda *_: None)))
         steps += [("accounts", self.accounts_made.remove_all),
-                  ("directories", lambda: [shutil.rmtree(p, ignore_errors=True) for p in (self.runtime_dir, self.home)])]
+                  ("directories", self._remove_directories)]
         if self.python_copy is not None:
             steps.append(("shared interpreter", lambda: self.python_copy.__exit__(None, None, None)))
         for what, step in steps:
@@ -281,6 +299,10 @@ class Site:
             os.environ.pop("SKYFN_HOME", None)
         else:
             os.environ["SKYFN_HOME"] = self.old_home
+
+    def _remove_directories(self) -> None:
+        for path in (self.runtime_dir, self.home):
+            shutil.rmtree(path, ignore_errors=True)
 
     def _close_clients(self) -> None:
         for c in self.clients:
@@ -376,24 +398,29 @@ def _log_times(path: Path) -> list[tuple[float, str]]:
 
 
 def cold_breakdown(site: Site, ua: dict, submitted: float, done: float) -> dict[str, float]:
-    """Where one cold start's time went (ms), from the user agent's process start and its log."""
-    import psutil
-
+    """Where one cold start's time went (ms), from the privileged process's log and the user agent's."""
     marks = {"submitted": submitted}
-    try:
-        marks["spawned"] = psutil.Process(ua["pid"]).create_time()
-    except psutil.Error:
-        pass
+    for stamp, line in _log_times(site.endpoint_dir(MU) / "agent-foreground.log"):
+        if f"started user agent {ua['key']} " in line and stamp >= submitted - 0.01:
+            marks["spawned"] = stamp
+            break
     lines = _log_times(site.endpoint_dir(MU) / "router" / "agents" / f"{ua['key']}.log")
-    if lines:
-        marks["first_log"] = lines[0][0]
+    redis_log = Path(os.path.expanduser(f"~{ua['account']}")) / ".skyfn" / "work" / "endpoints" / \
+        f"{MU}.{ua['key']}" / "data" / "redis.log"
+    try:
+        for line in redis_log.read_text(errors="replace").splitlines():
+            if "Redis is starting" in line or "Redis version" in line:  # `PID:C 26 Nov 2026 17:24:49.987 # ...`
+                marks["redis_exec"] = datetime.strptime(" ".join(line.split()[1:5]), "%d %b %Y %H:%M:%S.%f").timestamp()
+                break
+    except (OSError, ValueError):
+        pass
     for stamp, line in lines:
         if "data_redis" not in marks and "redis-server for the endpoint's data" in line:
             marks["data_redis"] = stamp
         if "running" not in marks and " running: " in line:
             marks["running"] = stamp
     marks["result"] = done
-    order = [("spawn", "spawned"), ("boot", "first_log"), ("data_redis", "data_redis"), ("to_running", "running"),
+    order = [("spawn", "spawned"), ("boot", "redis_exec"), ("data_redis", "data_redis"), ("to_running", "running"),
              ("first_result", "result")]
     out, previous = {}, submitted
     for label, mark in order:
@@ -431,10 +458,26 @@ def run_batch(executors: list, fids: list[str], n_each: int, timeout: float = 18
     return elapsed
 
 
-def rtt_ms(ex, fid: str) -> float:
+def rtt_ms(ex, fid: str, ids: list[str] | None = None) -> float:
     t0 = time.perf_counter()
-    ex.submit(fid, 1).result(timeout=120)
-    return (time.perf_counter() - t0) * 1000
+    fut = ex.submit(fid, 1)
+    fut.result(timeout=120)
+    elapsed = (time.perf_counter() - t0) * 1000
+    if ids is not None:
+        ids.append(fut.task_id)
+    return elapsed
+
+
+def stages_ms(client, task_ids: list[str], rtts: list[float]) -> dict[str, float]:
+    """Median of each stage of these tasks' round trips (ms), from their events: service
+    (CREATED -> QUEUED), queue_wait (-> DISPATCHED by an agent's interchange: for the
+    multi-user endpoint this includes the router), dispatch (-> RUNNING), run (-> DONE),
+    return (-> STORED by the service: the router's forwarder too), and `client`: what is
+    left of the round trip (the submit, the push of the result to the Executor)."""
+    got = client.stage_latencies(task_ids)
+    out = {k: round(statistics.median(v) * 1000, 3) for k, v in got.items() if v}
+    out["client"] = round(statistics.median(rtts) - sum(out.values()), 3)
+    return out
 
 
 def measure(site: Site, args, echo) -> dict:
@@ -450,15 +493,22 @@ def measure(site: Site, args, echo) -> dict:
     su_ex = Executor(endpoint_id=su_id, client=su_client)
     try:
         # 1. cold starts, one user after another
-        echo("cold starts: the first task of each user")
-        cold, breakdowns, agents = [], [], []
+        # the service's side warm for every user first: one task each on the single-user endpoint
+        clients[0].share("endpoints", su_id, "all-users", "run")
+        for i in users:
+            assert clients[i].get_result(clients[i].run(fids[i], i, endpoint_id=su_id), timeout=120) == i
+        echo("cold starts: the first task of each user on the multi-user endpoint")
+        cold, cold_service, breakdowns, agents = [], [], [], []
         for i in users:
             submitted = time.time()
             t0 = time.perf_counter()
-            value = executors[i].submit(fids[i], i).result(timeout=180)
+            fut = executors[i].submit(fids[i], i)
+            value = fut.result(timeout=180)
             elapsed = time.perf_counter() - t0
             done = time.time()
             assert value == i, value
+            stages = clients[i].stage_latencies([fut.task_id])
+            cold_service.append(sum(v[0] for v in stages.values() if v))
             ua = site.user_agent(site.accounts[i])
             agents.append(ua)
             cold.append(elapsed)
@@ -478,24 +528,27 @@ def measure(site: Site, args, echo) -> dict:
         for _ in range(20):
             rtt_ms(executors[0], fids[0])
             rtt_ms(su_ex, su_fid)
-        mu_rtt, su_rtt = [], []
+        mu_rtt, su_rtt, mu_ids, su_ids = [], [], [], []
         for _ in range(args.rtt):
-            mu_rtt.append(rtt_ms(executors[0], fids[0]))
-            su_rtt.append(rtt_ms(su_ex, su_fid))
+            mu_rtt.append(rtt_ms(executors[0], fids[0], mu_ids))
+            su_rtt.append(rtt_ms(su_ex, su_fid, su_ids))
         mu_p50, su_p50 = statistics.median(mu_rtt), statistics.median(su_rtt)
-        echo(f"  multi-user p50 {mu_p50:.2f} ms p99 {percentile(mu_rtt, 0.99):.2f} ms; "
-             f"single-user p50 {su_p50:.2f} ms p99 {percentile(su_rtt, 0.99):.2f} ms")
+        mu_stages, su_stages = stages_ms(clients[0], mu_ids, mu_rtt), stages_ms(su_client, su_ids, su_rtt)
+        echo(f"  multi-user p50 {mu_p50:.2f} ms p99 {percentile(mu_rtt, 0.99):.2f} ms  stages {mu_stages}")
+        echo(f"  single-user p50 {su_p50:.2f} ms p99 {percentile(su_rtt, 0.99):.2f} ms  stages {su_stages}")
 
         # 4. throughput: users x tasks at once, against one user x users*tasks
-        echo(f"warm-up: {WARMUP_PER_USER} tasks per user, all users at once")
-        run_batch(executors, fids, WARMUP_PER_USER)
         total = site.n_users * args.tasks
-        echo(f"{site.n_users} users x {args.tasks} tasks at once")
-        many_s = run_batch(executors, fids, args.tasks)
-        echo(f"  {many_s:.2f} s: {total / many_s:.0f} tasks/s")
-        echo(f"1 user x {total} tasks")
-        one_s = run_batch(executors[:1], fids[:1], total)
-        echo(f"  {one_s:.2f} s: {total / one_s:.0f} tasks/s")
+        echo(f"warm-up: one untimed round of {site.n_users} users x {args.tasks} tasks")
+        run_batch(executors, fids, args.tasks)
+        many, one = [], []
+        for r in range(args.repeat):
+            many.append(run_batch(executors, fids, args.tasks))
+            one.append(run_batch(executors[:1], fids[:1], total))
+            echo(f"  round {r + 1}: {site.n_users} users x {args.tasks} tasks {many[-1]:.2f} s "
+                 f"({total / many[-1]:.0f} tasks/s); 1 user x {total} tasks {one[-1]:.2f} s "
+                 f"({total / one[-1]:.0f} tasks/s)")
+        many_s, one_s = statistics.median(many), statistics.median(one)
     finally:
         for ex in executors + [su_ex]:
             try:
@@ -506,14 +559,18 @@ def measure(site: Site, args, echo) -> dict:
     return {
         "cold_start_first_result_s": round(statistics.median(cold), 3),
         "cold_start_samples_s": [round(c, 3) for c in cold],
+        "cold_start_service_s": round(statistics.median(cold_service), 3),
         "cold_start_breakdown_ms": {k: round(statistics.median([b[k] for b in breakdowns if k in b]), 1)
                                     for k in breakdowns[0]},
         "warm_rtt_over_single_user": round(mu_p50 / su_p50, 3),
         "warm_rtt_mu_ms": {"p50": round(mu_p50, 3), "p99": round(percentile(mu_rtt, 0.99), 3)},
         "warm_rtt_su_ms": {"p50": round(su_p50, 3), "p99": round(percentile(su_rtt, 0.99), 3)},
+        "warm_rtt_stages_ms": {"multi_user": mu_stages, "single_user": su_stages},
         "ten_users_over_one_user": round((total / many_s) / (total / one_s), 3),
         "many_users_tasks_per_s": round(total / many_s),
         "one_user_tasks_per_s": round(total / one_s),
+        "many_users_batch_s": [round(x, 3) for x in many],
+        "one_user_batch_s": [round(x, 3) for x in one],
         "idle_user_agent_rss_mb": round(statistics.median(m[0] for m in mems), 1),
         "idle_user_agent_pss_mb": round(statistics.median(m[1] for m in mems), 1),
         "idle_user_agent_rss_samples_mb": [round(m[0], 1) for m in mems],
@@ -528,7 +585,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tasks", type=int, default=1000, help="tasks per user in the throughput run")
     ap.add_argument("--rtt", type=int, default=200, help="round trips timed on each endpoint")
     ap.add_argument("--workers", type=int, default=2, help="workers of each user agent and of the single-user endpoint")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="rounds of the throughput pair (many users, then one user); medians are reported")
     ap.add_argument("--idle", type=float, default=5.0, help="seconds a user agent idles before its memory is read")
+    ap.add_argument("--logs", type=Path, default=None,
+                    help="copy the endpoints' and the user agents' logs into this directory before cleaning up")
     ap.add_argument("--quick", action="store_true",
                     help=f"a small run for tests: {QUICK['users']} users x {QUICK['tasks']} tasks, "
                          f"{QUICK['rtt']} round trips")
@@ -536,8 +597,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)
-    if args.users < 1 or args.tasks < 1 or args.rtt < 1:
-        ap.error("--users, --tasks and --rtt must be at least 1")
+    if min(args.users, args.tasks, args.rtt, args.repeat, args.workers) < 1:
+        ap.error("--users, --tasks, --rtt, --repeat and --workers must be at least 1")
     why = problem()
     if why:
         print(why, file=sys.stderr)
@@ -558,10 +619,12 @@ def main(argv: list[str] | None = None) -> int:
         echo(f"set up in {time.monotonic() - started:.1f} s (load average {os.getloadavg()[0]:.2f})")
         out = measure(site, args, echo)
     finally:
+        if args.logs is not None:
+            site.save_logs(args.logs)
         echo("cleaning up")
         site.close()
     out.update({"users": args.users, "tasks_per_user": args.tasks, "rtt_samples": args.rtt, "workers": args.workers,
-                "quick": args.quick, "goals": GOALS, "cpus": os.cpu_count(),
+                "repeat": args.repeat, "quick": args.quick, "goals": GOALS, "cpus": os.cpu_count(),
                 "load_average": {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)},
                 "user_agent_python": "/usr/bin/python3 (shared copy of the venv's packages)",
                 "wall_s": round(time.monotonic() - started, 1)})
@@ -569,7 +632,8 @@ def main(argv: list[str] | None = None) -> int:
            "warm_rtt_over_single_user": out["warm_rtt_over_single_user"] <= 1.1,
            "ten_users_over_one_user": out["ten_users_over_one_user"] >= 0.8}
     out["goals_met"] = met
-    echo(f"cold start, first result:       {out['cold_start_first_result_s']:.3f} s (median of {args.users}; goal <= 1.5)")
+    echo(f"cold start, first result:       {out['cold_start_first_result_s']:.3f} s "
+         f"(median of {args.users}; goal <= 1.5)")
     echo(f"warm RTT multi/single user:     {out['warm_rtt_over_single_user']:.3f} "
          f"({out['warm_rtt_mu_ms']['p50']:.2f} / {out['warm_rtt_su_ms']['p50']:.2f} ms; goal <= 1.1)")
     echo(f"{args.users} users over 1 user throughput: {out['ten_users_over_one_user']:.3f} "
@@ -584,4 +648,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted (everything made was removed)", file=sys.stderr)
+        sys.exit(130)

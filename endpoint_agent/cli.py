@@ -82,8 +82,8 @@ def _configure_multi_user(name: str, paths: EndpointPaths, force: bool) -> None:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1)
     typer.echo("wrote " + "\n      ".join(str(p) for p in written))
-    typer.echo(f"edit them (the identity mapping first); multi-user endpoints are not wired into "
-               f"`skyfn-endpoint start` yet (issue 23)")
+    typer.echo(f"edit them (the identity mapping first), then start it as root: skyfn-endpoint start {name} "
+               "(docs/multi-user.md)")
     if os.geteuid() != 0:
         typer.echo("note: a multi-user endpoint runs as root, to start user agents as other accounts", err=True)
 
@@ -205,6 +205,8 @@ def _tail(path, n: int) -> str:
 def stop(name: str, timeout: Optional[float] = typer.Option(None, help="seconds to wait (default: grace period + 15)"),
          kill: bool = typer.Option(False, "--kill", help="SIGKILL the agent if it has not stopped by then")):
     """Stop the agent of endpoint NAME gracefully (SIGTERM, then wait)."""
+    from endpoint_agent.multiuser.configure import is_multi_user
+
     paths = _paths(name)
     pid = running_pid(paths.pid)
     if pid is None:
@@ -212,10 +214,17 @@ def stop(name: str, timeout: Optional[float] = typer.Option(None, help="seconds 
 
         left = end_leftover_redis(paths.dir)  # an agent killed hard leaves its data Redis up
         typer.echo(f"endpoint {name} is not running" + (f" (ended its data redis-server, pid {left})" if left else ""))
+        if is_multi_user(paths.config):  # a privileged process killed hard leaves its user agents and router up
+            from endpoint_agent.multiuser.router_redis import end_leftover
+            from endpoint_agent.multiuser.user_agents import end_leftover_agents
+
+            agents = end_leftover_agents(paths.dir / "router")
+            router = end_leftover(paths.dir / "router")
+            if agents or router:
+                typer.echo(f"ended what it left running: {len(agents)} user agent(s)"
+                           + (f", the router's redis-server (pid {router})" if router else ""))
         return
     if timeout is None:
-        from endpoint_agent.multiuser.configure import is_multi_user
-
         try:
             # a multi-user endpoint first stops its user agents, each with its grace period
             timeout = 120.0 if is_multi_user(paths.config) else load_config(paths.config).grace_period + 15.0

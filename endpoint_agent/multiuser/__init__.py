@@ -1,8 +1,11 @@
-"""Multi-user endpoints (issue 23; DESIGN.md section 12): the building blocks of one endpoint,
-run by its administrator as root, that serves many users, each user's tasks in a *user agent*
-running as that user's own POSIX account.
+"""Multi-user endpoints (DESIGN.md section 12; docs/multi-user.md): one endpoint, run by its
+administrator as root, that serves many users, each user's tasks in a *user agent* running as
+that user's own POSIX account.
 
-Not wired into the agent's task path yet: these are the parts, each tested on its own.
+- `endpoint`   the privileged process (`skyfn-endpoint start NAME` on a multi-user config)
+- `router`     packs in by submitting identity, results back, cancels across, audit records
+- `router_redis` the queues between the privileged process and its user agents (an ACL user each)
+- `user_agents` start, supervise, idle-stop and adopt user agents; `user_agent` is their process
 
 - `identity`   the submitting identity (id, username, email, identity_provider) -> a local
                account name, with the globus-identity-mapping library (expression rules or an

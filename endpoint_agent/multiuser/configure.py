@@ -52,7 +52,7 @@ class MultiUserConfig(BaseModel):
     user_config_schema: Optional[str] = Field(default="user_config_schema.json", min_length=1)
     user_environment_file: str = Field(default="user_environment", min_length=1)
     working_directory: str = Field(default="{home}/.skyfn/work", min_length=1)
-    deny_accounts: list[str] = Field(default_factory=lambda: ["root"])
+    deny_accounts: list[str] = Field(default_factory=lambda: ["root", "nobody"])
     min_uid: int = Field(default=1000, ge=1, le=2**31)
     idle_timeout: float = Field(default=600.0, gt=0, le=7 * 86400)
     audit_log: str = Field(default="audit.log", min_length=1)
@@ -216,7 +216,7 @@ multi_user: true
 
 # --- Who runs as whom ------------------------------------------------------------
 identity_mapping_file: identity_mapping.yaml   # globus-identity-mapping documents (JSON if it ends .json)
-deny_accounts: [root]      # accounts (or groups: every member) that never run user agents;
+deny_accounts: [root, nobody]   # accounts (or groups: every member) that never run user agents;
                            # root, uid 0 and group 0 are refused whatever this says
 min_uid: 1000              # accounts below this uid (system accounts) are refused
 
@@ -256,7 +256,7 @@ def mapping_text(name: str) -> str:
       match: "(.*)@example\\\\.org"
       output: "{{0}}"
 #   - source: "{{username}}"              # a fixed identity to a fixed account
-#     match: "operator@example\\\\.org"
+#     match: "operator@example.org"    # literal: the text as it is, no regex escapes
 #     output: "ops"
 #     literal: true
 #
@@ -292,6 +292,10 @@ provider: local
 workers: {{{{ workers | default(2) }}}}
 {{% endif %}}
 log_level: INFO
+data:                      # the user's own Redis (started as the account, its password 0600): refs,
+  default: redis           # get_redis_client(), and refs shared with other users of this endpoint
+  redis:
+    start: true
 """
 
 

@@ -177,10 +177,17 @@ class Router:
         for tid, raw in zip(task_ids, routes):
             if raw is not None:
                 by_agent.setdefault(json.loads(raw)["k"], []).append(tid)
+        now = time.time()
         for key, ids in by_agent.items():
             ua = self.agents.by_prefix(key)
-            if ua is not None:
-                ua.queues["control"].send([ControlMessage(cancel=ids).model_dump_json().encode()])
+            if ua is None:
+                continue
+            ua.queues["control"].send([ControlMessage(cancel=ids).model_dump_json().encode()])
+            # the service has ended them CANCELLED; a result the agent may still send is not forwarded
+            routes_of = {tid: json.loads(raw) for tid, raw in zip(task_ids, routes) if raw is not None}
+            self._audit(ua, [TaskResult(task_id=tid, state="FAILED", events=[("CANCELLED", now)]) for tid in ids],
+                        routes_of, outcome="CANCELLED")
+            self.r.hdel(ROUTES, *ids)
 
     # --- results out -------------------------------------------------------------------
     def ensure_forwarder(self, ua: UserAgent) -> None:
@@ -253,7 +260,8 @@ class Router:
         self.forwarded_results += len(finals)
         ua.last_active = time.monotonic()
 
-    def _audit(self, ua: UserAgent, finals: list[TaskResult], routes: dict[str, dict]) -> None:
+    def _audit(self, ua: UserAgent, finals: list[TaskResult], routes: dict[str, dict],
+               outcome: Optional[str] = None) -> None:
         ids = sorted({routes[r.task_id]["i"] for r in finals})
         claims = dict(zip(ids, self.r.hmget(IDENTITIES, ids))) if ids else {}
         for r in finals:
@@ -265,7 +273,7 @@ class Router:
             end = max((ts for _, ts in r.events), default=time.time())
             self.audit.record(identity=identity, account=ua.account.name, uid=ua.account.uid,
                               function_id=route["f"], function_name=route.get("n"), task_id=r.task_id,
-                              start=start, end=end, outcome=r.state, reason=r.reason)
+                              start=start, end=end, outcome=outcome or r.state, reason=r.reason)
 
     def fail_tasks(self, ua: UserAgent, reason: str) -> None:
         """End every task waiting in `ua`'s task stream FAILED with `reason` (it cannot start)."""

@@ -130,3 +130,18 @@ class RouterRedis:
             end_redis(self.pid)
         self.record_path.unlink(missing_ok=True)
         self.pid = None
+
+
+def end_leftover(directory: Path) -> Optional[int]:
+    """End the router's redis-server a privileged process killed hard left running; its pid, or None.
+    Its append-only file keeps the routed tasks for the next start."""
+    path = Path(directory) / "redis.json"
+    try:
+        pid = json.loads(path.read_text()).get("pid")
+    except (FileNotFoundError, ValueError):
+        return None
+    path.unlink(missing_ok=True)
+    if not is_redis(pid):
+        return None
+    end_redis(pid)
+    return pid

@@ -70,6 +70,7 @@ class UserAgent:
     last_active: float = field(default_factory=time.monotonic)
     quick_exits: int = 0
     stopping: bool = False
+    identities: set[str] = field(default_factory=set)  # skyfn user ids whose tasks it ran
     queues: dict[str, RedisStreamQueue] = field(default_factory=dict)
 
     @property
@@ -87,7 +88,7 @@ class UserAgent:
     def record(self) -> dict[str, Any]:
         return {"key": self.key, "account": self.account.name, "digest": self.digest, "config": self.config,
                 "acl_user": self.acl_user, "password": self.password, "endpoint_id": self.endpoint_id,
-                "pid": self.pid}
+                "pid": self.pid, "identities": sorted(self.identities)}
 
 
 class UserAgents:
@@ -140,7 +141,9 @@ class UserAgents:
                 continue
             ua = UserAgent(key=rec["key"], account=account, digest=rec["digest"], config=rec["config"],
                            acl_user=rec["acl_user"], password=rec["password"], endpoint_id=rec["endpoint_id"],
-                           pid=rec.get("pid"))
+                           pid=rec.get("pid"), identities=set(rec.get("identities", [])))
+            for identity_id in ua.identities:  # the peer-ref brokers trust them again
+                self._note_identity(account.uid, identity_id)
             if ua.acl_user not in known_users:  # re-made after a restart of the router's Redis
                 self.router.ensure_user(ua.acl_user, ua.password, ua.prefix)
             self._open_queues(ua)
@@ -171,6 +174,10 @@ class UserAgents:
                 self._open_queues(ua)
                 self.agents[key] = ua
             ua.last_active = time.monotonic()
+            if identity_id not in ua.identities:
+                ua.identities.add(identity_id)
+                if ua.alive():
+                    self._save(ua)
             if not ua.alive() and not ua.stopping:
                 self._spawn(ua)
             return ua
@@ -354,3 +361,33 @@ def _is_user_agent(pid: int, uid: int) -> bool:
     except OSError:
         return False
     return st.st_uid == uid and b"endpoint_agent.multiuser.user_agent" in cmd
+
+
+def end_leftover_agents(state_dir: Path, timeout: float = STOP_TIMEOUT_S) -> list[int]:
+    """Stop (SIGTERM, then SIGKILL after `timeout`) the user agents a privileged process killed
+    hard left running; their records stay, so tasks left in their streams are taken up at the
+    next start. Returns their pids."""
+    pids = []
+    for path in sorted((Path(state_dir) / "agents").glob("*.json")):
+        try:
+            rec = json.loads(path.read_text())
+            uid = pwd_uid(rec["account"])
+        except (OSError, ValueError, KeyError):
+            continue
+        pid = rec.get("pid")
+        if pid and _is_user_agent(pid, uid):
+            os.kill(pid, signal.SIGTERM)
+            pids.append(pid)
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    return pids
+
+
+def pwd_uid(account: str) -> int:
+    import pwd
+
+    return pwd.getpwnam(account).pw_uid

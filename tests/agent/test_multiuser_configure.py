@@ -49,7 +49,7 @@ def test_the_written_files_load_and_work_together(home):
     assert config.path("identity_mapping_file") == d / "identity_mapping.yaml"
     assert config.path("audit_log") == d / "audit.log"
     assert (config.working_directory, config.deny_accounts, config.min_uid, config.idle_timeout) == \
-        ("{home}/.skyfn/work", ["root"], 1000, 600.0)
+        ("{home}/.skyfn/work", ["root", "nobody"], 1000, 600.0)
     mapper = IdentityMapper.from_file(config.path("identity_mapping_file"), "site")
     assert mapper.map({"id": "u-1", "email": "alice@example.org"}).account == "alice"
     assert mapper.map({"id": "u-2", "email": "alice@example.com"}).account is None

@@ -75,3 +75,28 @@ def test_sigkill_of_the_privileged_process_mid_batch_loses_nothing(site):
 
     _run_with_kill(site, "bob", kill)
     assert site.status()["state"] == "running"
+
+
+def test_stop_after_a_sigkill_ends_what_the_privileged_process_left(site):
+    import subprocess
+    import sys
+
+    from endpoint_agent.procutil import pid_alive
+
+    with site.user("alice") as alice, Executor(endpoint_id=site.endpoint_id, client=alice) as ex:
+        assert ex.submit(slow, 1).result(timeout=120)[0] == 1
+    agent = _agent_pid(site, site.accounts["alice"])
+    site.stop(signal.SIGKILL)
+    assert pid_alive(agent)  # a user agent outlives a killed privileged process (it is taken up again)
+    env = {**os.environ, "SKYFN_HOME": str(site.home)}
+    done = subprocess.run([sys.executable, "-m", "endpoint_agent", "stop", "mu"], env=env, capture_output=True,
+                          text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert "user agent(s)" in done.stdout and "router's redis-server" in done.stdout, done.stdout
+    deadline = time.monotonic() + 10
+    while pid_alive(agent) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not pid_alive(agent)
+    site.start()
+    with site.user("alice") as alice, Executor(endpoint_id=site.endpoint_id, client=alice) as ex:
+        assert ex.submit(slow, 2).result(timeout=120)[0] == 2
