@@ -58,8 +58,9 @@ Figures (JSON keys; goals from issue 23's "What must be shown"):
   result) of `--users` users x `--tasks` tasks submitted concurrently (one thread and one
   Executor per user, each user with a user agent of `--workers` workers) over that of
   one user x users*tasks tasks on the same endpoint (one user agent). After one untimed
-  round of the many-user batch (the service scales its Lambda environments up to the
-  concurrency of 10 users: the first round pays for that), `--repeat` rounds alternate
+  round of the many-user batch (the embedded service starts a Lambda environment when all
+  are busy, infra/local/lambda_pool.py: 10 concurrent users need more of them, and the
+  first round paid for starting them), `--repeat` rounds alternate
   the two batches and the ratio is of their medians (`many_users_batch_s`,
   `one_user_batch_s`: each round).
 - `idle_user_agent_rss_mb`: the median over the users' agents of the RSS summed over the
@@ -364,21 +365,27 @@ class Site:
 
 # --- measurements -------------------------------------------------------------------------
 
-def tree_memory(pid: int) -> tuple[float, float, int]:
-    """(RSS MB, PSS MB, processes) summed over the process tree of pid."""
+def tree_memory(pid: int) -> tuple[float, float, int, dict[str, float]]:
+    """(RSS MB, PSS MB, processes, RSS MB by kind of process) summed over the process tree of pid."""
     import psutil
 
     root = psutil.Process(pid)
     rss = pss = 0
+    kinds: dict[str, float] = {}
     procs = [root] + root.children(recursive=True)
     for p in procs:
         try:
             info = p.memory_full_info()
-            rss += info.rss
-            pss += getattr(info, "pss", info.rss)
+            cmd = " ".join(p.cmdline())
         except psutil.Error:
-            pass
-    return rss / 2**20, pss / 2**20, len(procs)
+            continue
+        rss += info.rss
+        pss += getattr(info, "pss", info.rss)
+        kind = ("agent" if p.pid == pid else "redis-server" if "redis-server" in cmd else
+                "workers" if "endpoint_agent.manager.worker" in cmd else
+                "manager" if "endpoint_agent.manager" in cmd else "other")
+        kinds[kind] = kinds.get(kind, 0.0) + info.rss / 2**20
+    return rss / 2**20, pss / 2**20, len(procs), {k: round(v, 1) for k, v in sorted(kinds.items())}
 
 
 def _log_times(path: Path) -> list[tuple[float, str]]:
@@ -521,7 +528,7 @@ def measure(site: Site, args, echo) -> dict:
         mems = [tree_memory(ua["pid"]) for ua in agents]
         echo(f"idle user agents (after >= {args.idle:g} s idle): RSS "
              f"{', '.join(f'{m[0]:.0f}' for m in mems)} MB; PSS {', '.join(f'{m[1]:.0f}' for m in mems)} MB; "
-             f"{mems[0][2]} processes each")
+             f"{mems[0][2]} processes each; RSS by process of the first: {mems[0][3]}")
 
         # 3. warm round trips, alternating between the endpoints
         echo(f"warm round trips: {args.rtt} on each endpoint, alternating")
@@ -575,6 +582,7 @@ def measure(site: Site, args, echo) -> dict:
         "idle_user_agent_pss_mb": round(statistics.median(m[1] for m in mems), 1),
         "idle_user_agent_rss_samples_mb": [round(m[0], 1) for m in mems],
         "idle_user_agent_processes": mems[0][2],
+        "idle_user_agent_rss_by_process_mb": mems[0][3],
     }
 
 

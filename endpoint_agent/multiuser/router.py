@@ -94,14 +94,15 @@ class Router:
             if plan.refused is not None:
                 self._refuse(receipt, pack, plan.refused, plan.account)
                 continue
-            try:
-                ua = self.agents.get(plan.account, pack.identity.id, plan.config, plan.digest)
-            except (TaskRefused, ConfigError, OSError) as exc:
-                self._refuse(receipt, pack, f"the user agent of {plan.account.name} could not be started on "
-                                            f"endpoint {self.name}: {exc}", plan.account)
-                continue
+            with self.agents.lock:  # not forgotten as idle between choosing it and routing to it
+                try:
+                    ua = self.agents.get(plan.account, pack.identity.id, plan.config, plan.digest)
+                except (TaskRefused, ConfigError, OSError) as exc:
+                    self._refuse(receipt, pack, f"the user agent of {plan.account.name} could not be started on "
+                                                f"endpoint {self.name}: {exc}", plan.account)
+                    continue
+                self._route(ua, pack)
             self.ensure_forwarder(ua)
-            self._route(ua, pack)
             self.outbox.put(acks=[receipt])
             self.routed += len(pack.tasks)
 
@@ -151,8 +152,8 @@ class Router:
         pipe = self.r.pipeline(transaction=False)
         pipe.hset(ROUTES, mapping=routes)
         pipe.hset(IDENTITIES, identity.id, identity.model_dump_json())
+        ua.queues["tasks"].send_on(pipe, [pack.model_dump_json(exclude_none=True).encode()])
         pipe.execute()
-        ua.queues["tasks"].send([pack.model_dump_json(exclude_none=True).encode()])
 
     def _refuse(self, receipt: str, pack: TaskPack, reason: str, account: Optional[Account]) -> None:
         log.warning("refused pack %s (%d task(s)): %s", pack.pack_id, len(pack.tasks), reason)
@@ -228,8 +229,9 @@ class Router:
             except ValueError as exc:
                 log.error("user agent %s sent a body that is not a ResultPack (%s); dropped", ua.key, exc)
         ids = sorted({r.task_id for p in packs for r in p.results} | {u.task_id for p in packs for u in p.updates})
-        routes = dict(zip(ids, self.r.hmget(ROUTES, ids))) if ids else {}
-        mine = {tid: json.loads(raw) for tid, raw in routes.items() if raw is not None and json.loads(raw)["k"] == ua.key}
+        routes = {tid: json.loads(raw) for tid, raw in zip(ids, self.r.hmget(ROUTES, ids)) if raw is not None} \
+            if ids else {}
+        mine = {tid: route for tid, route in routes.items() if route["k"] == ua.key}
         bodies, finals = [], []
         for p in packs:
             results = [r for r in p.results if r.task_id in mine]

@@ -261,7 +261,9 @@ class UserAgents:
                 self._forget(ua)
                 continue
             if ua.pid is None and ua.proc is None:
-                continue  # adopted with nothing to do; started by the next task
+                if ua.queues["tasks"].depth() > 0:  # tasks routed to it as it stopped: start it for them
+                    self._spawn(ua)
+                continue  # else: nothing to do; started by the next task
             code = ua.proc.returncode if ua.proc is not None else None
             quick = ua.started and now - ua.started < START_GRACE_S
             ua.proc, ua.pid = None, None
@@ -290,7 +292,9 @@ class UserAgents:
         self._signal(ua, signal.SIGTERM)
 
     def _forget(self, ua: UserAgent) -> None:
-        """An idle agent has stopped: drop its ACL user and record (the next task makes new ones)."""
+        """An idle agent has stopped: drop its ACL user and record (the next task makes new ones).
+        Under the lock the router routes with, so a pack is never routed to a forgotten agent;
+        one routed while it stopped keeps it (supervise() starts it again)."""
         with self.lock:
             if self._idle(ua):
                 self.agents.pop(ua.key, None)

@@ -30,8 +30,6 @@ from tests.multiuser import LocalAccounts, shared_python_copy, system_python_pro
 ROOT = Path(__file__).resolve().parents[2]
 DOMAIN = "users.example.org"
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("useradd") or not shutil.which("redis-server"),
-                                reason="multi-user endpoints need root, useradd and redis-server")
 
 
 class Site:
@@ -117,6 +115,8 @@ def site(tmp_path_factory):
     from infra.local import runtime
     from infra.local.state import StateDir
 
+    if os.geteuid() != 0 or not shutil.which("useradd") or not shutil.which("redis-server"):
+        pytest.skip("multi-user endpoints need root, useradd and redis-server")
     problem = system_python_problem()
     if problem:
         pytest.skip(problem)

@@ -51,3 +51,27 @@ def test_one_agent_per_config_idle_stop_and_start_again(site):
             assert uid_again == uid and pid_again != first_pid
     finally:
         _restart_with(site, idle_timeout=600)
+
+
+def test_tasks_sent_while_an_idle_agent_stops_all_finish(site):
+    """A pack routed to a user agent as it stops for idleness is run by the agent started again
+    for it, not left in its stream until the user's next task."""
+    account = site.accounts["bob"]
+    _restart_with(site, idle_timeout=1)
+    try:
+        with site.user("bob") as bob:
+            fid = bob.register_function(me)
+            bob.get_result(bob.run(fid, endpoint_id=site.endpoint_id), timeout=120)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not any(a["stopping"] for a in _alive(site, account)):
+                time.sleep(0.01)
+            assert any(a["stopping"] for a in _alive(site, account)), site.user_agents()
+            sent = []
+            t = time.monotonic()
+            while time.monotonic() - t < 3:
+                sent.append(bob.run(fid, endpoint_id=site.endpoint_id))
+                time.sleep(0.03)
+            results = [bob.get_result(tid, timeout=60) for tid in sent]
+            assert len(results) == len(sent) and all(r[0] == results[0][0] for r in results)
+    finally:
+        _restart_with(site, idle_timeout=600)

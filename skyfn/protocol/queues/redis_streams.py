@@ -199,11 +199,16 @@ class RedisStreamQueue(TaskQueue):
     def send(self, bodies: list[bytes]) -> list[str]:
         if not bodies:
             return []
-        self._ensure_once()
         pipe = self._client.pipeline(transaction=False)
+        self.send_on(pipe, bodies)
+        return [_text(i) for i in pipe.execute()]
+
+    def send_on(self, pipe: Any, bodies: list[bytes]) -> None:
+        """Queue the sends on a caller's pipeline of the same Redis (one round trip with the
+        caller's own writes); they happen when the caller executes it."""
+        self._ensure_once()
         for body in bodies:
             pipe.xadd(self.name, {"b": body})
-        return [_text(i) for i in pipe.execute()]
 
     def receive(self, max_messages: int = 10, wait_seconds: float = 0.0,
                 visibility_timeout: float | None = None) -> list[Message]:
