@@ -416,6 +416,9 @@ def peer_env(tmp_path, monkeypatch):
     monkeypatch.setenv(PEER_REFS_DIR_ENV, str(base / "p"))
     monkeypatch.setenv(PEER_IDENTITIES_ENV, str(ids))
     monkeypatch.setenv("SKYFN_DATA_STORES", "")
+    # EndpointData (run in this process here) sets both: restored after the test, so later tests of
+    # this process do not believe they run on endpoint ep1 (a direct store then refuses local puts)
+    monkeypatch.setenv("SKYFN_ENDPOINT_ID", "")
     context.set_user("me")
     try:
         yield SimpleNamespace(dir=base / "p", account=account, ids=ids, base=base)
