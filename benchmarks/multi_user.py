@@ -95,7 +95,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as `python benchmarks/multi_user.py`
     sys.path.insert(0, str(ROOT))
 
-DOMAIN = "users.example.org"
+from tests.multiuser import MAPPING_DOMAIN as DOMAIN  # noqa: E402 - the rule write_site_files writes
+
 MU, SU = "mu", "su"
 TOKEN_TTL = 6 * 3600
 QUICK = {"users": 3, "tasks": 200, "rtt": 40, "idle": 3.0}
@@ -202,21 +203,18 @@ class Site:
 
         from endpoint_agent.multiuser.configure import write_multi_user_files
         from endpoint_agent.paths import EndpointPaths
+        from tests.multiuser import write_site_files
 
         paths = EndpointPaths(MU, root=self.home / "endpoints").ensure()
         write_multi_user_files(paths)
         config = yaml.safe_load(paths.config.read_text())
         config.update({"runtime_directory": str(self.runtime_dir / "{name}"), "user_agent_python": self.python})
         paths.config.write_text(yaml.safe_dump(config))
-        (paths.dir / "identity_mapping.yaml").write_text(yaml.safe_dump([{
-            "DATA_TYPE": "expression_identity_mapping#1.0.0",
-            "mappings": [{"source": "{email}", "match": r"(.*)@users\.example\.org", "output": "{0}"}]}]))
-        (paths.dir / "user_environment").write_text(f"LANG=C.UTF-8\nPYTHONPATH={self.pythonpath}\n")
-        (paths.dir / "user_config_template.yaml.j2").write_text(
+        write_site_files(paths.dir, pythonpath=self.pythonpath, template=(
             "provider: local\n"
             f"workers: {{{{ workers | default({self.workers}) }}}}\n"
             "log_level: INFO\n"
-            "data:\n  default: redis\n  redis:\n    start: true\n")
+            "data:\n  default: redis\n  redis:\n    start: true\n"))
 
     def _write_single_user(self) -> None:
         from endpoint_agent.paths import EndpointPaths

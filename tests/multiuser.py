@@ -7,6 +7,10 @@ holding hard links (`cp -al`: instant, no bytes copied) to the venv's site-packa
 repository's packages, readable by every account, removed afterwards. The conftest fixture
 `shared_python` (tests/agent/conftest.py) wraps it per test module.
 
+`write_site_files(directory, pythonpath=..., template=...)` writes what a site's administrator
+edits after `skyfn-endpoint configure --multi-user`: users mapped by their email
+`<account>@users.example.org`, the environment file, the template and, when given, the schema.
+
 `LocalAccounts` creates accounts with `useradd -m` under unique names (parallel runs cannot
 collide), each home 0700, and removes them with `userdel -r` in `remove_all()`.
 """
@@ -90,3 +94,22 @@ class LocalAccounts:
         for name in self.made:
             subprocess.run(["userdel", "-f", "-r", name], capture_output=True)
         self.made.clear()
+
+
+MAPPING_DOMAIN = "users.example.org"
+
+
+def write_site_files(directory: Path, *, pythonpath: str, template: str, schema: dict | None = None) -> None:
+    """The administrator's files of a multi-user endpoint in `directory` (see the module docstring)."""
+    import json
+
+    import yaml
+
+    directory = Path(directory)
+    (directory / "identity_mapping.yaml").write_text(yaml.safe_dump([{
+        "DATA_TYPE": "expression_identity_mapping#1.0.0",
+        "mappings": [{"source": "{email}", "match": r"(.*)@users\.example\.org", "output": "{0}"}]}]))
+    (directory / "user_environment").write_text(f"LANG=C.UTF-8\nPYTHONPATH={pythonpath}\n")
+    (directory / "user_config_template.yaml.j2").write_text(template)
+    if schema is not None:
+        (directory / "user_config_schema.json").write_text(json.dumps(schema))

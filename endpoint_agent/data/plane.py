@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Optional
 
 from endpoint_agent.data.config import DataConfig
-from endpoint_agent.data.redis_process import end_redis, free_port, is_redis, launch, port_free, secret_file
+from endpoint_agent.data.redis_process import (end_recorded_redis, end_redis, free_port, is_redis, launch,
+                                                  port_free, secret_file)
 from skyfn.data import context
 from skyfn.data.store import write_stores_file
 
@@ -45,16 +46,7 @@ def qualified(name: str, endpoint_id: str) -> str:
 def end_leftover_redis(endpoint_dir: Path) -> Optional[int]:
     """End the data redis-server an agent of this endpoint started and left running (it was
     killed hard, and no agent came back to keep it); returns its pid, or None."""
-    path = Path(endpoint_dir) / "data" / "redis.json"
-    try:
-        pid = json.loads(path.read_text()).get("pid")
-    except (FileNotFoundError, ValueError):
-        return None
-    path.unlink(missing_ok=True)
-    if not is_redis(pid):
-        return None
-    end_redis(pid)
-    return pid
+    return end_recorded_redis(Path(endpoint_dir) / "data" / "redis.json")
 
 
 class EndpointData:

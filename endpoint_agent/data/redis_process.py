@@ -71,6 +71,22 @@ def end_redis(pid: int, timeout: float = 10.0) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+def end_recorded_redis(record: Path) -> Optional[int]:
+    """End the redis-server whose `{"pid": ...}` record a process killed hard left behind (and
+    drop the record); its pid, or None when there was none or it is gone already."""
+    import json
+
+    try:
+        pid = json.loads(Path(record).read_text()).get("pid")
+    except (FileNotFoundError, ValueError):
+        return None
+    Path(record).unlink(missing_ok=True)
+    if not is_redis(pid):
+        return None
+    end_redis(pid)
+    return pid
+
+
 def launch(binary: str, conf: Path, lines: Sequence[str], *, host: str, port: int, password: str,
            username: Optional[str] = None, log_path: Optional[Path] = None,
            timeout: float = START_TIMEOUT_S) -> subprocess.Popen:

@@ -171,13 +171,18 @@ class Router:
         self.outbox.put(bodies=[body], acks=[receipt])
         self.refused += len(pack.tasks)
 
+    def _routes(self, task_ids: list[str]) -> dict[str, dict]:
+        """The routes of these tasks that exist: task id -> {"k", "i", "f", "n"}."""
+        if not task_ids:
+            return {}
+        return {tid: json.loads(raw) for tid, raw in zip(task_ids, self.r.hmget(ROUTES, task_ids)) if raw is not None}
+
     # --- cancels -----------------------------------------------------------------------
     def cancel(self, task_ids: list[str]) -> None:
-        routes = self.r.hmget(ROUTES, task_ids) if task_ids else []
+        routes = self._routes(task_ids)
         by_agent: dict[str, list[str]] = {}
-        for tid, raw in zip(task_ids, routes):
-            if raw is not None:
-                by_agent.setdefault(json.loads(raw)["k"], []).append(tid)
+        for tid, route in routes.items():
+            by_agent.setdefault(route["k"], []).append(tid)
         now = time.time()
         for key, ids in by_agent.items():
             ua = self.agents.by_prefix(key)
@@ -185,9 +190,8 @@ class Router:
                 continue
             ua.queues["control"].send([ControlMessage(cancel=ids).model_dump_json().encode()])
             # the service has ended them CANCELLED; a result the agent may still send is not forwarded
-            routes_of = {tid: json.loads(raw) for tid, raw in zip(task_ids, routes) if raw is not None}
             self._audit(ua, [TaskResult(task_id=tid, state="FAILED", events=[("CANCELLED", now)]) for tid in ids],
-                        routes_of, outcome="CANCELLED")
+                        routes, outcome="CANCELLED")
             self.r.hdel(ROUTES, *ids)
 
     # --- results out -------------------------------------------------------------------
@@ -229,8 +233,7 @@ class Router:
             except ValueError as exc:
                 log.error("user agent %s sent a body that is not a ResultPack (%s); dropped", ua.key, exc)
         ids = sorted({r.task_id for p in packs for r in p.results} | {u.task_id for p in packs for u in p.updates})
-        routes = {tid: json.loads(raw) for tid, raw in zip(ids, self.r.hmget(ROUTES, ids)) if raw is not None} \
-            if ids else {}
+        routes = self._routes(ids)
         mine = {tid: route for tid, route in routes.items() if route["k"] == ua.key}
         bodies, finals = [], []
         for p in packs:
@@ -285,7 +288,7 @@ class Router:
             if not messages:
                 return
             now = time.time()
-            results, finals_routes = [], {}
+            results = []
             for m in messages:
                 try:
                     pack = TaskPack.model_validate_json(m.body)
@@ -296,10 +299,9 @@ class Router:
                                               events=[("FAILED", now)]))
             body = ResultPack(endpoint_id=self.endpoint_id, results=results).model_dump_json().encode()
             ids = [r.task_id for r in results]
-            routes = dict(zip(ids, self.r.hmget(ROUTES, ids))) if ids else {}
-            finals_routes = {tid: json.loads(raw) for tid, raw in routes.items() if raw is not None}
+            routes = self._routes(ids)
             self.outbox.put(bodies=[body])
-            self._audit(ua, [r for r in results if r.task_id in finals_routes], finals_routes)
+            self._audit(ua, [r for r in results if r.task_id in routes], routes)
             if ids:
                 self.r.hdel(ROUTES, *ids)
             stream.delete([m.receipt for m in messages])

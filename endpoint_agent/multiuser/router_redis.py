@@ -23,7 +23,8 @@ from typing import Optional
 
 import redis
 
-from endpoint_agent.data.redis_process import end_redis, free_port, is_redis, launch, port_free, secret_file
+from endpoint_agent.data.redis_process import (end_recorded_redis, end_redis, free_port, is_redis, launch,
+                                                  port_free, secret_file)
 from endpoint_agent.errors import ConfigError
 
 log = logging.getLogger("skyfn.multiuser.router")
@@ -135,13 +136,4 @@ class RouterRedis:
 def end_leftover(directory: Path) -> Optional[int]:
     """End the router's redis-server a privileged process killed hard left running; its pid, or None.
     Its append-only file keeps the routed tasks for the next start."""
-    path = Path(directory) / "redis.json"
-    try:
-        pid = json.loads(path.read_text()).get("pid")
-    except (FileNotFoundError, ValueError):
-        return None
-    path.unlink(missing_ok=True)
-    if not is_redis(pid):
-        return None
-    end_redis(pid)
-    return pid
+    return end_recorded_redis(Path(directory) / "redis.json")

@@ -12,6 +12,7 @@ argument.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import signal
@@ -33,45 +34,9 @@ PREFIX = "skyfn:d:"
 
 # The client: submits N tasks holding a large argument each, writes their ids once all are
 # submitted, then waits for results it will never get (the test SIGKILLs it).
-CLIENT = r'''
-import json, os, sys, time
-import numpy as np
-from skyfn import Executor
-
-
 def hold(arr, started, release, fail):
-    """Say it started, wait for the release file, then use the argument (or fail)."""
-    import hashlib, os, time
-    import numpy as np
-
-    with open(os.path.join(started, f"{os.getpid()}-{time.time_ns()}"), "w") as f:
-        f.write(str(os.getpid()))
-    while not os.path.exists(release):
-        time.sleep(0.02)
-    a = np.asarray(arr)
-    if fail:
-        raise ValueError(f"refused on purpose after reading {a.nbytes} bytes")
-    return hashlib.sha256(a.tobytes()).hexdigest()
-
-
-n, started, release, ids_file, fail = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] == "1"
-ex = Executor(endpoint="local")
-assert ex._arg_refs is not None, "the endpoint's store must be found (data_store='auto')"
-futures = [ex.submit(hold, np.random.default_rng(seed).random(%(elems)d), started, release, fail)
-           for seed in range(n)]
-deadline = time.time() + 120
-while any(f.task_id is None for f in futures) and time.time() < deadline:
-    time.sleep(0.01)
-with open(ids_file + ".tmp", "w") as f:
-    json.dump([f.task_id for f in futures], f)
-os.replace(ids_file + ".tmp", ids_file)
-while True:  # in flight, waiting: the test kills this process here
-    time.sleep(1)
-''' % {"elems": ARG_BYTES // 8}
-
-
-def hold(arr, started, release, fail):
-    """In-process twin of the client's function (the lost-worker test)."""
+    """Say it started, wait for the release file, then use the argument (or fail). The client
+    script below defines it from this source, so it travels by value from its __main__."""
     import hashlib
     import os
     import time
@@ -86,6 +51,31 @@ def hold(arr, started, release, fail):
     if fail:
         raise ValueError(f"refused on purpose after reading {a.nbytes} bytes")
     return hashlib.sha256(a.tobytes()).hexdigest()
+
+
+# The client: submits N tasks holding a large argument each, writes their ids once all are
+# submitted, then waits for results it will never get (the test SIGKILLs it).
+CLIENT = r'''
+import json, os, sys, time
+import numpy as np
+from skyfn import Executor
+
+%(hold)s
+
+n, started, release, ids_file, fail = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] == "1"
+ex = Executor(endpoint="local")
+assert ex._arg_refs is not None, "the endpoint's store must be found (data_store='auto')"
+futures = [ex.submit(hold, np.random.default_rng(seed).random(%(elems)d), started, release, fail)
+           for seed in range(n)]
+deadline = time.time() + 120
+while any(f.task_id is None for f in futures) and time.time() < deadline:
+    time.sleep(0.01)
+with open(ids_file + ".tmp", "w") as f:
+    json.dump([f.task_id for f in futures], f)
+os.replace(ids_file + ".tmp", ids_file)
+while True:  # in flight, waiting: the test kills this process here
+    time.sleep(1)
+''' % {"elems": ARG_BYTES // 8, "hold": inspect.getsource(hold)}
 
 
 def _digest(seed: int) -> str:

@@ -25,10 +25,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.multiuser import LocalAccounts, shared_python_copy, system_python_problem
+from tests.multiuser import (MAPPING_DOMAIN, LocalAccounts, shared_python_copy, system_python_problem,
+                             write_site_files)
 
 ROOT = Path(__file__).resolve().parents[2]
-DOMAIN = "users.example.org"
+DOMAIN = MAPPING_DOMAIN
 
 
 
@@ -139,21 +140,16 @@ def site(tmp_path_factory):
                        "deny_accounts": ["root", accounts["carol"]], "idle_timeout": 600, "lease_seconds": 4,
                        "heartbeat_period": 1, "receive_wait": 0.5})
         paths.config.write_text(yaml.safe_dump(config))
-        (paths.dir / "identity_mapping.yaml").write_text(yaml.safe_dump([{
-            "DATA_TYPE": "expression_identity_mapping#1.0.0",
-            "mappings": [{"source": "{email}", "match": r"(.*)@users\.example\.org", "output": "{0}"}]}]))
-        (paths.dir / "user_environment").write_text(f"LANG=C.UTF-8\nPYTHONPATH={pythonpath}\n")
-        (paths.dir / "user_config_template.yaml.j2").write_text(
+        write_site_files(paths.dir, pythonpath=pythonpath, template=(
             "workers: {{ workers | default(2) }}\n"
             "lease_seconds: 4\n"
             "grace_period: 5\n"
             "receive_wait: 0.2\n"
             "log_level: {{ log_level | default('INFO') }}\n"
-            "data:\n  default: redis\n  redis:\n    start: true\n")
-        (paths.dir / "user_config_schema.json").write_text(json.dumps({
+            "data:\n  default: redis\n  redis:\n    start: true\n"), schema={
             "type": "object", "additionalProperties": False,
             "properties": {"workers": {"type": "integer", "minimum": 1, "maximum": 8},
-                           "log_level": {"type": "string"}}}))
+                           "log_level": {"type": "string"}}})
         s = Site(home, state, accounts, paths.dir, runtime_dir / "mu")
         s.admin_token = runtime.mint_token(state, "site-admin", 3600)
         s.start()

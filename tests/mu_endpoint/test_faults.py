@@ -100,3 +100,27 @@ def test_stop_after_a_sigkill_ends_what_the_privileged_process_left(site):
     site.start()
     with site.user("alice") as alice, Executor(endpoint_id=site.endpoint_id, client=alice) as ex:
         assert ex.submit(slow, 2).result(timeout=120)[0] == 2
+
+
+def nap(seconds):
+    import time
+
+    time.sleep(seconds)
+    return seconds
+
+
+def test_a_cancel_reaches_the_user_agent_and_is_audited_once(site):
+    with site.user("alice") as alice:
+        fid = alice.register_function(nap)
+        tid = alice.run(fid, 60, endpoint_id=site.endpoint_id)
+        deadline = time.monotonic() + 60
+        while alice.get_task(tid)["state"] != "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert alice.cancel(tid) is True
+        deadline = time.monotonic() + 30
+        while not [r for r in site.audit() if r["task_id"] == tid] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert alice.get_task(tid)["state"] == "CANCELLED"
+    records = [r for r in site.audit() if r["task_id"] == tid]
+    assert [r["outcome"] for r in records] == ["CANCELLED"]
+    assert records[0]["account"] == site.accounts["alice"]

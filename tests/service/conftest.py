@@ -83,6 +83,22 @@ def service_env(redis_url, aws_endpoint, monkeypatch, unique):
 
 
 @pytest.fixture
+def oidc(service_env, monkeypatch):
+    """The service verifying tokens of an OIDC issuer (tests/service/oidc_issuer.py: a real
+    discovery document and JWKS on loopback), as with Cognito or Globus Auth."""
+    from lambdas.core import deps
+    from tests.service.oidc_issuer import Issuer
+
+    issuer = Issuer(audience="skyfn-client")
+    monkeypatch.delenv("SKYFN_AUTH_SECRET", raising=False)
+    monkeypatch.setenv("SKYFN_AUTH_ISSUER", issuer.url)
+    monkeypatch.setenv("SKYFN_AUTH_AUDIENCE", "skyfn-client")
+    deps.reset()
+    yield issuer
+    issuer.close()
+
+
+@pytest.fixture
 def api(service_env):
     return Api(mint_token(SECRET, "alice"))
 

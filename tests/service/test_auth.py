@@ -26,7 +26,6 @@ from lambdas.core import deps
 from lambdas.core.identity import jwt_keys
 from skyfn.protocol import serialize_function
 from tests.service.conftest import Api, Context, api_event
-from tests.service.oidc_issuer import Issuer
 
 
 def ident(x):
@@ -116,17 +115,6 @@ def test_every_route_but_the_openapi_document_needs_a_token(local_keys):
 
 
 # --- an OIDC issuer (Cognito, Globus Auth: their discovery document and JWKS) ---------------
-@pytest.fixture
-def oidc(service_env, monkeypatch):
-    issuer = Issuer(audience="skyfn-client")
-    monkeypatch.delenv("SKYFN_AUTH_SECRET", raising=False)
-    monkeypatch.setenv("SKYFN_AUTH_ISSUER", issuer.url)
-    monkeypatch.setenv("SKYFN_AUTH_AUDIENCE", "skyfn-client")
-    deps.reset()
-    yield issuer
-    issuer.close()
-
-
 def test_oidc_issuer_tokens_are_verified_through_discovery(oidc):
     status, body = Api(oidc.token(sub="ada-uuid")).call("GET", "/whoami")
     assert status == 200 and body["user"] == "ada-uuid"

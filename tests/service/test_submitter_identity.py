@@ -73,17 +73,6 @@ def test_local_issuer_tokens_carry_the_claims_and_the_service_reads_them(service
     assert whoami_identity(mint_token(SECRET, "bob")).claims() == {"identity_provider": "skyfn-local"}
 
 
-@pytest.fixture
-def oidc(service_env, monkeypatch):
-    issuer = Issuer(audience="skyfn-client")
-    monkeypatch.delenv("SKYFN_AUTH_SECRET", raising=False)
-    monkeypatch.setenv("SKYFN_AUTH_ISSUER", issuer.url)
-    monkeypatch.setenv("SKYFN_AUTH_AUDIENCE", "skyfn-client")
-    deps.reset()
-    yield issuer
-    issuer.close()
-
-
 def oidc_token(issuer: Issuer, **claims) -> str:
     kid, key, alg = issuer.keys[-1]
     now = int(time.time())
