@@ -19,7 +19,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from endpoint_agent import __version__
 from endpoint_agent.config import EndpointConfig, resolve_service
@@ -41,8 +41,12 @@ LOOP_WAIT_S = 0.1
 class Agent:
     def __init__(self, name: str, config: EndpointConfig, *, endpoint_id: str | None = None,
                  task_queue: QueueDescriptor | None = None, results_queue: QueueDescriptor | None = None,
-                 paths: EndpointPaths | None = None, write_status_file: bool = True):
+                 paths: EndpointPaths | None = None, write_status_file: bool = True,
+                 queue_wrapper: Callable[[str, Any], Any] | None = None):
         self.name = name
+        # (kind, queue) -> queue: what a user agent of a multi-user endpoint puts around its
+        # "tasks", "results" and "control" queues (endpoint_agent/multiuser/lane.py)
+        self.queue_wrapper = queue_wrapper
         self.config = config
         self.paths = paths or EndpointPaths(name)
         self.endpoint_id = endpoint_id or config.endpoint_id
@@ -239,6 +243,9 @@ class Agent:
         self._queues.append(queue)
         return queue
 
+    def _wrap(self, kind: str, queue):
+        return self.queue_wrapper(kind, queue) if self.queue_wrapper is not None else queue
+
     def _open_queues(self):
         """(poll, results, ack) queue handles, each with its own connection; retried with
         backoff while the queue service is unreachable."""
@@ -247,9 +254,9 @@ class Agent:
         while True:
             opened = len(self._queues)
             try:
-                poll_queue = self._open(self.task_queue_desc)
+                poll_queue = self._wrap("tasks", self._open(self.task_queue_desc))
                 poll_queue.ensure()
-                results_queue = self._open(self.results_queue_desc)
+                results_queue = self._wrap("results", self._open(self.results_queue_desc))
                 results_queue.ensure()
                 return poll_queue, results_queue, self._open(self.task_queue_desc)
             except (ImportError, ValueError):
@@ -321,8 +328,8 @@ class Agent:
         self.poller.start()
         if self.control_queue_desc is not None:
             try:
-                self.control_poller = ControlPoller(self._open(self.control_queue_desc), receive_wait=cfg.receive_wait,
-                                                    cancel=ix.cancel)
+                self.control_poller = ControlPoller(self._wrap("control", self._open(self.control_queue_desc)),
+                                                    receive_wait=cfg.receive_wait, cancel=ix.cancel)
                 self.control_poller.start()
             except Exception as exc:  # noqa: BLE001 - cancels then only stop queued tasks at the service
                 log.error("cannot open the control queue (%s): cancels will not reach running tasks", exc)

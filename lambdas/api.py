@@ -28,7 +28,8 @@ from lambdas.core.identity import submitters  # the submitter's identity claims 
 from lambdas.config import settings
 from lambdas.core.tasks import registry, sessions, tasks
 from lambdas.core.runs import batches, flows, runs
-from lambdas.core.errors import ServiceError, TooLarge
+from lambdas.core.errors import Forbidden, ServiceError, TooLarge
+from lambdas.core.identity import lanes  # lanes of multi-user endpoints
 from skyfn.protocol.api import (
     MAX_REQUEST_BYTES,
     EndpointInfo,
@@ -50,6 +51,7 @@ from skyfn.protocol.api import (
     TaskList,
     TaskStatus,
 )
+from skyfn.protocol.lanes import LANE_PATTERN, BindLane, LaneClosed, LaneGranted
 from skyfn.protocol.runs import BatchStatus, BatchSubmitted, RunFlow, RunGroup, RunStarted, RunStatus, SubmitBatch
 from lambdas.core.tasks import groups  # endpoint groups (placement)
 from skyfn.protocol.api import CreateEndpointGroup, EndpointGroupInfo
@@ -208,6 +210,34 @@ def open_session(endpoint_id: IdPath, body: Annotated[OpenSession, Body()]):
     opened = sessions.open(_user(), endpoint_id, body)
     metrics.add_metric(name="DirectSessionsOpened", unit=MetricUnit.Count, value=1)
     return _json(201, opened.model_dump())
+
+
+# --- lanes of a multi-user endpoint (skyfn.protocol.lanes), for its own agent ---------
+LanePath = Annotated[str, Path(pattern=LANE_PATTERN, description="the lane's name")]
+
+
+def _own_agent(endpoint_id: str) -> None:
+    if app.context["identity"].endpoint_id != endpoint_id:
+        raise Forbidden(f"only endpoint {endpoint_id}'s own agent, with its endpoint credential "
+                        "(Bearer skyfn-agent.<id>.<secret>), opens and closes its lanes; a user token cannot")
+
+
+@app.post("/endpoints/<endpoint_id>/lanes", responses={**_ok(200, LaneGranted), **_errors(401, 403, 404, 409, 422)})
+def bind_lane(endpoint_id: IdPath, body: Annotated[BindLane, Body()]):
+    """Open a lane (if new) and bind (identity_id, config_key) to it: that submitter's tasks with
+    that user_config go straight to the lane's queue. 409 lanes_unavailable where the task queues
+    are not Redis Streams, 409 not_multi_user for an ordinary endpoint."""
+    _own_agent(endpoint_id)
+    granted = lanes.bind(endpoint_id, body, registry._endpoint_record(endpoint_id))
+    return _json(200, granted.model_dump())
+
+
+@app.delete("/endpoints/<endpoint_id>/lanes/<lane>", responses={**_ok(200, LaneClosed),
+                                                                **_errors(401, 403, 404, 409, 422)})
+def close_lane(endpoint_id: IdPath, lane: LanePath):
+    """Unbind everything from the lane and end its queue login; its queue stays for the endpoint to drain."""
+    _own_agent(endpoint_id)
+    return _json(200, {"lane": lane, "unbound": lanes.close(endpoint_id, lane)})
 
 
 # --- tasks -------------------------------------------------------------------------

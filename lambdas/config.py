@@ -50,6 +50,11 @@ class Settings:
             return f"{self.sqs_queue_prefix}-control-{endpoint_id}"
         return f"control:{endpoint_id}"
 
+    def lane_queue_name(self, endpoint_id: str, lane: str) -> str:
+        """A lane's task queue (lambdas/core/identity/lanes.py); lanes exist on Redis Streams only.
+        `lane` "*" gives the key pattern of all the endpoint's lanes."""
+        return f"tasks:{endpoint_id}:l:{lane}"
+
     @property
     def results_queue_name(self) -> str:
         return f"{self.sqs_queue_prefix}-results" if self.queue_kind == "sqs" else "results"

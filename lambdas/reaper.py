@@ -1,8 +1,11 @@
 """The reaper Lambda (scheduled): endpoints without heartbeats go offline, expired
 leases go back to QUEUED (or FAILED past their retry budget), tasks dead-lettered by a
-queue are failed with the reason, and results past their TTL leave the hot store. The
-tasks it fails are pushed to their owners' connections like results (lambdas/core/tasks/push.py)."""
+queue (an endpoint's, or one of its lanes': lambdas/core/identity/lanes.py) are failed with
+the reason, and results past their TTL leave the hot store. The tasks it fails are pushed
+to their owners' connections like results (lambdas/core/tasks/push.py)."""
 from __future__ import annotations
+
+from typing import Sequence
 
 import orjson
 from aws_lambda_powertools import Logger
@@ -10,25 +13,39 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from lambdas.config import settings
 from lambdas.core import deps
+from lambdas.core.identity import lanes
 from lambdas.core.tasks import push, registry
+from skyfn.protocol.queues import TaskQueue
 
 logger = Logger(service="skyfn-reaper")
 
 
-def fail_dead_letters(endpoint_id: str, limit: int = 100) -> int:
-    """Tasks of packs that a queue dead-lettered are failed with a visible reason."""
+def fail_dead_letters(endpoint_id: str, lane_names: Sequence[str] = (), limit: int = 100) -> int:
+    """Tasks of packs that the endpoint's queue, or one of its lanes' queues, dead-lettered
+    are failed with a visible reason. A closed lane left empty is no longer looked at."""
     queue, _ = deps.task_queue(endpoint_id)
+    failed = _fail_dead(queue, endpoint_id, limit)
+    for lane in lane_names:
+        lane_queue, _ = deps.lane_queue(endpoint_id, lane)
+        failed += _fail_dead(lane_queue, endpoint_id, limit)
+        lanes.forget_if_drained(endpoint_id, lane)
+    return failed
+
+
+def _fail_dead(queue: TaskQueue, endpoint_id: str, limit: int) -> int:
     failed = 0
     for msg in queue.dead_letters(limit):
         try:
             pack = orjson.loads(msg.body)
             ids = [t["task_id"] for t in pack.get("tasks", [])]
-        except (orjson.JSONDecodeError, TypeError, KeyError):
-            logger.warning("undecodable dead letter dropped", extra={"endpoint": endpoint_id})
+        except (orjson.JSONDecodeError, TypeError, KeyError, AttributeError):
+            logger.warning("undecodable dead letter dropped", extra={"endpoint": endpoint_id, "queue": queue.name})
             continue
         reason = (f"dead-lettered after {msg.delivery_count} deliveries to endpoint {endpoint_id} "
                   f"(max_deliveries={settings().max_deliveries}): its agent kept failing before returning a result")
-        stored, _, _, notices = deps.store().finish([[tid, "FAILED", None, None, reason, ""] for tid in ids])
+        # only tasks routed to the endpoint: its agents may write to these queues too
+        stored, _, _, notices = deps.store().finish([[tid, "FAILED", None, None, reason, ""] for tid in ids],
+                                                    endpoint_id)
         push.notify(notices)
         failed += stored
     return failed
@@ -40,8 +57,10 @@ def reap() -> dict[str, int]:
     requeued, failed, notices = store.expire_leases()
     push.notify(notices)
     dead = 0
-    for endpoint_id in registry.cached_endpoint_ids():
-        dead += fail_dead_letters(endpoint_id)
+    endpoint_ids = registry.cached_endpoint_ids()
+    lanes_of = lanes.watched(endpoint_ids) if lanes.enabled() else {}
+    for endpoint_id in endpoint_ids:
+        dead += fail_dead_letters(endpoint_id, lanes_of.get(endpoint_id, []))
     purged = store.purge()
     report = {"offline": len(offline), "requeued": requeued, "lease_failed": failed, "dead_lettered": dead,
               "purged": purged}

@@ -2,7 +2,12 @@
 event source with partial batch failures) and applies them to the hot store with
 compare-and-set scripts: a final state is written once, progress never goes backwards,
 duplicates from redelivered packs are counted and dropped. Results of direct sessions
-(those with a `session`) are recorded as tasks of their own (lambdas/core/tasks/direct_results.py)."""
+(those with a `session`) are recorded as tasks of their own (lambdas/core/tasks/direct_results.py).
+
+A pack sealed by a multi-user endpoint's lane (skyfn.protocol.lanes) is applied only when
+its MAC checks out under the lane's key (lambdas/core/identity/lanes.py), and then only to
+tasks of its endpoint that identities bound to the lane submitted; a seal that fails is
+logged and dropped, never retried."""
 from __future__ import annotations
 
 import time
@@ -14,7 +19,9 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from lambdas.core import deps
+from lambdas.core.identity import lanes
 from lambdas.core.tasks import blobs, direct_results, push, stage_metrics
+from skyfn.protocol.lanes import is_sealed
 from skyfn.protocol.messages import ResultPack
 from skyfn.protocol.states import format_events
 
@@ -58,9 +65,37 @@ def _with_direct(pack: ResultPack, rows: list[list]) -> tuple[int, int, int]:
     return counts[0] + recorded[0], counts[1] + recorded[1], counts[2] + recorded[2]
 
 
+def lane_pack(raw: str) -> tuple[ResultPack, int] | None:
+    """The part of a lane's sealed pack the lane may answer for -- results and updates of
+    tasks that identities bound to the lane submitted -- and how many others it held. None
+    when the seal does not check out: logged and dropped, as redelivering it cannot help."""
+    try:
+        sealed = lanes.check_sealed(raw)
+    except lanes.SealRefused as exc:
+        logger.warning("sealed result pack dropped", extra={"reason": str(exc)})
+        return None
+    pack = sealed.pack
+    owners = sealed.owners
+    results = [r for r in pack.results if owners.get(r.task_id) in sealed.identities]
+    updates = [u for u in pack.updates if owners.get(u.task_id) in sealed.identities]
+    refused = len(pack.results) - len(results) + len(pack.updates) - len(updates)
+    if refused:
+        logger.warning("results of tasks not bound to the lane dropped",
+                       extra={"lane": sealed.lane, "endpoint": pack.endpoint_id, "unknown": refused})
+    return pack.model_copy(update={"results": results, "updates": updates}), refused
+
+
 def record_handler(record: SQSRecord) -> None:
-    pack = ResultPack.model_validate_json(record.body)
+    refused = 0
+    if is_sealed(record.body):
+        opened = lane_pack(record.body)
+        if opened is None:
+            return
+        pack, refused = opened
+    else:
+        pack = ResultPack.model_validate_json(record.body)
     stored, dup, unknown = apply_pack(pack)
+    unknown += refused
     if dup or unknown:
         logger.info("results ignored", extra={"duplicates": dup, "unknown": unknown, "endpoint": pack.endpoint_id})
     metrics.add_metric(name="ResultsStored", unit=MetricUnit.Count, value=stored)

@@ -55,6 +55,9 @@ class MultiUserConfig(BaseModel):
     deny_accounts: list[str] = Field(default_factory=lambda: ["root", "nobody"])
     min_uid: int = Field(default=1000, ge=1, le=2**31)
     idle_timeout: float = Field(default=600.0, gt=0, le=7 * 86400)
+    # the service sends a mapped user's tasks to their user agent's lane directly (skyfn.protocol.lanes);
+    # false: every task goes through the router, as where the service's queues are SQS
+    lanes: bool = True
     audit_log: str = Field(default="audit.log", min_length=1)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     # the interpreter user agents run with: every account must be able to run it and import skyfn
@@ -226,6 +229,8 @@ user_config_schema: user_config_schema.json          # JSON schema of Executor(u
 user_environment_file: user_environment              # KEY=VALUE; nothing of root's environment is passed
 working_directory: "{{home}}/.skyfn/work"             # {{home}}, {{user}}; created 0700 for the account if missing
 idle_timeout: 600          # seconds an idle user agent lives; the next task starts it again
+lanes: true                # the service sends a mapped user's tasks straight to their user agent
+                           # (its own queue at the service); false: all through this process
 
 user_agent_python: {sys.executable}   # every account must be able to run it and import skyfn
 runtime_directory: /run/skyfn/{{name}}   # the peer-ref sockets every account reaches ({{name}}: this endpoint)

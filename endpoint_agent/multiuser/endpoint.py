@@ -35,6 +35,7 @@ from endpoint_agent.multiuser.accounts import load_environment_file
 from endpoint_agent.multiuser.audit import AuditLog
 from endpoint_agent.multiuser.configure import MultiUserConfig
 from endpoint_agent.multiuser.identity import IdentityMapper
+from endpoint_agent.multiuser.lanes import Lanes
 from endpoint_agent.multiuser.router import Router
 from endpoint_agent.multiuser.router_redis import RouterRedis
 from endpoint_agent.multiuser.templates import UserConfigTemplate
@@ -64,6 +65,7 @@ class MultiUserEndpoint(Agent):
         self.agents: UserAgents | None = None
         self.router: Router | None = None
         self.audit: AuditLog | None = None
+        self.lanes: Lanes | None = None
 
     def metadata(self) -> dict[str, Any]:
         return {**super().metadata(), "multi_user": True, "workers": 0}
@@ -97,7 +99,8 @@ class MultiUserEndpoint(Agent):
         self.audit = AuditLog(Path(self.mu.audit_log))
         self.outbox = Outbox(ack_queue, results_queue, cfg.lease_seconds)
         self.outbox.start()
-        self.agents = UserAgents(router=self.router_redis, state_dir=self.paths.dir / "router",
+        self.lanes = self._lanes()
+        self.agents = UserAgents(router=self.router_redis, lanes=self.lanes, state_dir=self.paths.dir / "router",
                                  runtime_dir=self.runtime_dir, endpoint_id=self.endpoint_id, name=self.name,
                                  python=self.mu.user_agent_python, environment=self.environment,
                                  working_directory=self.mu.working_directory, idle_timeout=self.mu.idle_timeout,
@@ -110,6 +113,7 @@ class MultiUserEndpoint(Agent):
                              router_client=self.router_redis.client)
         for ua in self.agents.adopt():
             self.router.ensure_forwarder(ua)
+        self._take_back_closed_lanes()
         if self.link is not None:
             self.heartbeater = Heartbeater(self.link, self.endpoint_id, cfg.heartbeat_period, self.stats)
             self.heartbeater.start()
@@ -129,6 +133,7 @@ class MultiUserEndpoint(Agent):
         try:
             while not self._stop.wait(SUPERVISE_EVERY_S):
                 self.agents.supervise()
+                self._take_back_closed_lanes()
                 for ua in list(self.agents.agents.values()):
                     if ua.alive():
                         self.router.ensure_forwarder(ua)
@@ -140,6 +145,29 @@ class MultiUserEndpoint(Agent):
         finally:
             self._stop_all()
         return 0
+
+    def _lanes(self) -> Lanes | None:
+        """Lanes at the service (skyfn.protocol.lanes) when the endpoint has a service link and
+        its task queue is a Redis stream; else every task goes through the router's Redis."""
+        desc = self.task_queue_desc
+        if not self.mu.lanes or self.link is None or desc is None or desc.kind != "redis":
+            return None
+        return Lanes(self.link, self.endpoint_id, desc.url, self.config.lease_seconds)
+
+    def _take_back_closed_lanes(self) -> None:
+        if not self.agents.closed_lanes:
+            return
+        now = time.monotonic()
+        kept = []
+        for queue, until in self.agents.closed_lanes:
+            try:
+                if self.router.take_back(queue):
+                    log.info("routed again what was left in closed lane %s", queue.name)
+            except Exception as exc:  # noqa: BLE001 - the service's Redis restarting: next time
+                log.warning("cannot take back closed lane %s (%s)", queue.name, exc)
+            if now < until:
+                kept.append((queue, until))
+        self.agents.closed_lanes = kept
 
     def _stop_all(self) -> None:
         self.state = "stopping"
@@ -157,6 +185,8 @@ class MultiUserEndpoint(Agent):
             self.outbox.close()
         if self.router_redis is not None:
             self.router_redis.stop()
+        if self.lanes is not None:
+            self.lanes.shut()
         if self.audit is not None:
             self.audit.close()
         if self.link is not None:

@@ -23,6 +23,14 @@ and updates of tasks routed to *that* agent (a user agent cannot report on anoth
 tasks), sends them to the service's results queue under the endpoint's id, audits final
 results, and only then deletes them from the stream. Cancels from the control queue go to
 the control stream of the agent each task was routed to.
+
+Lanes (skyfn.protocol.lanes, multiuser/lanes.py): where the service has them, routing a pack
+also binds its (identity, config key) to its user agent's lane at the service, and the pack
+goes into the lane's queue instead of the router's stream. From then on the service sends
+that user's tasks to the lane itself and the user agent returns their results to the service
+sealed: the router sees neither. The agent copies what the audit log needs to its results
+stream (multiuser/lane.py); the forwarder writes those lines, one per task. Cancels of tasks
+the router did not route go to every agent with a lane (an agent ignores ids it does not hold).
 """
 from __future__ import annotations
 
@@ -30,7 +38,7 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from endpoint_agent.config import parse_config
 from endpoint_agent.errors import ConfigError
@@ -44,9 +52,14 @@ from endpoint_agent.multiuser.user_agents import ENDPOINT_KEYS, UserAgent, UserA
 from endpoint_agent.service.outbox import Outbox
 from skyfn.protocol.messages import ControlMessage, ResultPack, TaskPack, TaskResult
 from skyfn.protocol.queues.base import TaskQueue
+from skyfn.protocol.user_config import config_key
 
 log = logging.getLogger("skyfn.multiuser.router")
 
+AUDIT_HEAD = b'{"audit":'    # a lane agent's audit copies, in its results stream (multiuser/lane.py)
+AUDITED = "mu:audited:"      # task id -> 1 once its audit line is written (a task run again is written once)
+AUDITED_TTL_S = 7 * 24 * 3600
+AUDIT_POLL_S = 0.25          # how often the audit copies of a lane's agent are read
 ROUTES = "mu:routes"          # hash task id -> {"k": user agent, "i": identity id, "f": function id, "n": name}
 IDENTITIES = "mu:identities"  # hash identity id -> its claims (for the audit log)
 PLAN_CACHE_S = 30.0           # a (identity, user_config) mapped and rendered is reused this long
@@ -87,24 +100,46 @@ class Router:
         self.dropped_results = 0
 
     # --- packs in ----------------------------------------------------------------------
-    def deliver(self, batch: list[tuple[str, TaskPack, float]], n_tasks: int) -> None:
-        """The poller's hand-off: route each pack (see the module docstring)."""
+    def deliver(self, batch: list[tuple[str, TaskPack, float]], n_tasks: int,
+                ack: Optional[Callable[[str], None]] = None) -> None:
+        """The poller's hand-off: route each pack (see the module docstring). `ack`: how a
+        pack's message is acknowledged once routed (default: on the endpoint's task queue)."""
+        ack = ack or (lambda receipt: self.outbox.put(acks=[receipt]))
         for receipt, pack, received in batch:
             plan = self._plan(pack)
             if plan.refused is not None:
-                self._refuse(receipt, pack, plan.refused, plan.account)
+                self._refuse(receipt, pack, plan.refused, plan.account, ack)
                 continue
             with self.agents.lock:  # not forgotten as idle between choosing it and routing to it
                 try:
-                    ua = self.agents.get(plan.account, pack.identity.id, plan.config, plan.digest)
+                    ua = self.agents.get(plan.account, pack.identity.id, plan.config, plan.digest,
+                                         config_key(pack.user_config))
                 except (TaskRefused, ConfigError, OSError) as exc:
                     self._refuse(receipt, pack, f"the user agent of {plan.account.name} could not be started on "
-                                                f"endpoint {self.name}: {exc}", plan.account)
+                                                f"endpoint {self.name}: {exc}", plan.account, ack)
                     continue
                 self._route(ua, pack)
             self.ensure_forwarder(ua)
-            self.outbox.put(acks=[receipt])
+            ack(receipt)
             self.routed += len(pack.tasks)
+
+    def take_back(self, queue: TaskQueue) -> int:
+        """Route again what is left in the queue of a lane closed at start (its bindings were
+        made under an earlier run's mapping); returns how many packs were taken."""
+        taken = 0
+        while True:
+            messages = queue.receive(max_messages=50, wait_seconds=0, visibility_timeout=self.config.lease_seconds)
+            if not messages:
+                return taken
+            batch = []
+            for m in messages:
+                try:
+                    batch.append((m.receipt, TaskPack.model_validate_json(m.body), time.time()))
+                except ValueError:
+                    log.error("a message in closed lane %s is not a TaskPack: dropped", queue.name)
+                    queue.delete([m.receipt])
+            self.deliver(batch, 0, ack=lambda receipt: queue.delete([receipt]))
+            taken += len(batch)
 
     def _plan(self, pack: TaskPack) -> Plan:
         identity = pack.identity
@@ -146,16 +181,22 @@ class Router:
 
     def _route(self, ua: UserAgent, pack: TaskPack) -> None:
         identity = pack.identity
+        body = pack.model_dump_json(exclude_none=True).encode()
+        if ua.lane_queue is not None:  # its results come back from the service: no route to keep
+            self.r.hset(IDENTITIES, identity.id, identity.model_dump_json())
+            ua.lane_queue.send([body])
+            return
         routes = {t.task_id: json.dumps({"k": ua.key, "i": identity.id, "f": t.function_id,
                                          "n": (pack.function_meta.get(t.function_id) or {}).get("name")})
                   for t in pack.tasks}
         pipe = self.r.pipeline(transaction=False)
         pipe.hset(ROUTES, mapping=routes)
         pipe.hset(IDENTITIES, identity.id, identity.model_dump_json())
-        ua.queues["tasks"].send_on(pipe, [pack.model_dump_json(exclude_none=True).encode()])
+        ua.queues["tasks"].send_on(pipe, [body])
         pipe.execute()
 
-    def _refuse(self, receipt: str, pack: TaskPack, reason: str, account: Optional[Account]) -> None:
+    def _refuse(self, receipt: str, pack: TaskPack, reason: str, account: Optional[Account],
+                ack: Callable[[str], None]) -> None:
         log.warning("refused pack %s (%d task(s)): %s", pack.pack_id, len(pack.tasks), reason)
         now = time.time()
         results = [TaskResult(task_id=t.task_id, state="FAILED", reason=reason, events=[("FAILED", now)])
@@ -168,7 +209,8 @@ class Router:
                               function_name=meta.get("name"), task_id=t.task_id, start=None, end=now,
                               outcome="REFUSED", reason=reason)
         body = ResultPack(endpoint_id=self.endpoint_id, results=results).model_dump_json().encode()
-        self.outbox.put(bodies=[body], acks=[receipt])
+        self.outbox.put(bodies=[body])
+        ack(receipt)  # on the endpoint's queue the outbox sends the failures first, in order
         self.refused += len(pack.tasks)
 
     def _routes(self, task_ids: list[str]) -> dict[str, dict]:
@@ -179,7 +221,16 @@ class Router:
 
     # --- cancels -----------------------------------------------------------------------
     def cancel(self, task_ids: list[str]) -> None:
+        """Routed tasks: to their agent, audited here. The others may be in a lane: to every
+        agent with one (an agent drops ids it does not hold; one that holds the task audits
+        the cancel through its copies)."""
         routes = self._routes(task_ids)
+        unrouted = [tid for tid in task_ids if tid not in routes]
+        if unrouted:
+            body = ControlMessage(cancel=unrouted).model_dump_json().encode()
+            for ua in list(self.agents.agents.values()):
+                if ua.lane is not None and ua.alive():
+                    ua.queues["control"].send([body])
         by_agent: dict[str, list[str]] = {}
         for tid, route in routes.items():
             by_agent.setdefault(route["k"], []).append(tid)
@@ -212,15 +263,27 @@ class Router:
                 if self.agents.by_prefix(ua.key) is not ua:
                     return  # stopped idle and forgotten: a new agent gets a new forwarder
                 try:
-                    messages = stream.receive(max_messages=50, wait_seconds=0.5)
+                    if ua.lane is not None:  # audit copies only: read in batches, off the tasks' way
+                        messages = stream.receive(max_messages=500, wait_seconds=0)
+                        if not messages:
+                            self._halt.wait(AUDIT_POLL_S)
+                            continue
+                    else:
+                        messages = stream.receive(max_messages=50, wait_seconds=0.5)
                     delay = 0.2
                 except Exception as exc:  # noqa: BLE001 - the router's Redis restarting
                     log.warning("cannot read the results of %s (%s); retrying", ua.key, exc)
                     self._halt.wait(delay)
                     delay = min(5.0, delay * 2)
                     continue
-                if messages:
-                    self.forward_messages(ua, messages, results_queue, stream)
+                if not messages:
+                    continue
+                copies = [m for m in messages if m.body.startswith(AUDIT_HEAD)]
+                if copies:
+                    self.audit_copies(ua, copies, stream)
+                if len(copies) < len(messages):
+                    self.forward_messages(ua, [m for m in messages if not m.body.startswith(AUDIT_HEAD)],
+                                          results_queue, stream)
         finally:
             results_queue.close()
 
@@ -265,6 +328,38 @@ class Router:
         self.forwarded_results += len(finals)
         ua.last_active = time.monotonic()
 
+    def audit_copies(self, ua: UserAgent, messages: list, stream: TaskQueue) -> None:
+        """Write the audit lines a lane's user agent copied (multiuser/lane.py): one per task,
+        the first copy of a task that ran again after a kill, as the agent's account."""
+        copies = []
+        for m in messages:
+            try:
+                copies.extend(c for c in json.loads(m.body)["audit"] if isinstance(c, dict) and c.get("task_id"))
+            except (ValueError, KeyError, TypeError):
+                log.error("user agent %s sent an audit copy that does not parse; dropped", ua.key)
+        if copies:
+            pipe = self.r.pipeline(transaction=False)
+            for c in copies:
+                pipe.set(AUDITED + str(c["task_id"]), 1, nx=True, ex=AUDITED_TTL_S)
+            firsts = pipe.execute()
+            ids = sorted({str(c["identity_id"]) for c in copies if c.get("identity_id")})
+            claims = dict(zip(ids, self.r.hmget(IDENTITIES, ids))) if ids else {}
+            for c, first in zip(copies, firsts):
+                if not first:
+                    continue
+                raw = claims.get(str(c.get("identity_id")))
+                identity = json.loads(raw) if raw else {"id": c.get("identity_id")}
+                events = [e for e in c.get("events") or [] if isinstance(e, (list, tuple)) and len(e) == 2]
+                times = {state: ts for state, ts in events}
+                self.audit.record(identity=identity, account=ua.account.name, uid=ua.account.uid,
+                                  function_id=c.get("function_id"), function_name=c.get("function_name"),
+                                  task_id=str(c["task_id"]), start=times.get("RUNNING") or times.get("DISPATCHED"),
+                                  end=max((ts for _, ts in events), default=time.time()),
+                                  outcome=str(c.get("state")), reason=c.get("reason"))
+            self.forwarded_results += sum(1 for f in firsts if f)
+        stream.delete([m.receipt for m in messages])
+        ua.last_active = time.monotonic()
+
     def _audit(self, ua: UserAgent, finals: list[TaskResult], routes: dict[str, dict],
                outcome: Optional[str] = None) -> None:
         ids = sorted({routes[r.task_id]["i"] for r in finals})
@@ -281,8 +376,8 @@ class Router:
                               start=start, end=end, outcome=outcome or r.state, reason=r.reason)
 
     def fail_tasks(self, ua: UserAgent, reason: str) -> None:
-        """End every task waiting in `ua`'s task stream FAILED with `reason` (it cannot start)."""
-        stream = ua.queues["tasks"]
+        """End every task waiting in `ua`'s task stream or lane FAILED with `reason` (it cannot start)."""
+        stream = ua.tasks
         while True:
             messages = stream.receive(max_messages=50, wait_seconds=0)
             if not messages:
@@ -294,14 +389,17 @@ class Router:
                     pack = TaskPack.model_validate_json(m.body)
                 except ValueError:
                     continue
+                identity = pack.identity.model_dump() if pack.identity is not None else {"id": pack.owner}
                 for t in pack.tasks:
                     results.append(TaskResult(task_id=t.task_id, state="FAILED", reason=reason,
                                               events=[("FAILED", now)]))
+                    self.audit.record(identity=identity, account=ua.account.name, uid=ua.account.uid,
+                                      function_id=t.function_id,
+                                      function_name=(pack.function_meta.get(t.function_id) or {}).get("name"),
+                                      task_id=t.task_id, start=None, end=now, outcome="FAILED", reason=reason)
             body = ResultPack(endpoint_id=self.endpoint_id, results=results).model_dump_json().encode()
             ids = [r.task_id for r in results]
-            routes = self._routes(ids)
             self.outbox.put(bodies=[body])
-            self._audit(ua, [r for r in results if r.task_id in routes], routes)
             if ids:
                 self.r.hdel(ROUTES, *ids)
             stream.delete([m.receipt for m in messages])

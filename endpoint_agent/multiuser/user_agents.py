@@ -22,6 +22,14 @@ the new one, so nothing is lost); one that exits within START_GRACE_S of startin
 MAX_QUICK_EXITS times in a row is given up, and its tasks end FAILED with the end of its
 log. A user agent with an empty task stream and no result for `idle_timeout` seconds is
 stopped (SIGTERM: graceful) and its ACL user dropped; the next task starts it again.
+
+Lanes (skyfn.protocol.lanes): an agent started when the service has lanes gets one
+(`<state dir>/agents/<key>.json` keeps its grant) and reads its tasks from the lane's queue at
+the service; each (identity, config key) routed to it is bound to the lane. An idle agent
+with a lane stops but is kept: the service goes on sending its users' tasks to the lane, and
+supervise() starts it when its lane's queue holds one. A new privileged process closes the
+lanes of agents no longer running (their bindings were made under the earlier run's mapping)
+and the router routes again what they held (`closed_lanes`).
 """
 from __future__ import annotations
 
@@ -38,8 +46,10 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from endpoint_agent.multiuser.accounts import Account, account_environment, lookup_account, prepare_workdir, start_as
+from endpoint_agent.multiuser.lanes import Lanes
 from endpoint_agent.multiuser.router_redis import RouterRedis, prefix_of
 from endpoint_agent.procutil import pid_alive
+from skyfn.protocol.lanes import lane_name
 from skyfn.protocol.queues.redis_streams import RedisStreamQueue
 
 log = logging.getLogger("skyfn.multiuser.agents")
@@ -47,6 +57,7 @@ log = logging.getLogger("skyfn.multiuser.agents")
 START_GRACE_S = 5.0
 MAX_QUICK_EXITS = 3
 STOP_TIMEOUT_S = 60.0
+CLOSED_LANE_WATCH_S = 60.0
 PEER_REFS_ENV = "SKYFN_PEER_REFS_DIR"
 PEER_IDENTITIES_ENV = "SKYFN_PEER_IDENTITIES"
 # keys of the user agent's config that the endpoint sets: a template may not
@@ -72,6 +83,14 @@ class UserAgent:
     stopping: bool = False
     identities: set[str] = field(default_factory=set)  # skyfn user ids whose tasks it ran
     queues: dict[str, RedisStreamQueue] = field(default_factory=dict)
+    lane: Optional[dict] = None  # LaneGranted (skyfn.protocol.lanes) when the service sends its tasks directly
+    bindings: set[str] = field(default_factory=set)  # "<identity id> <config key>" bound to its lane
+    lane_queue: Optional[RedisStreamQueue] = None  # the endpoint's handle on the lane's task queue
+
+    @property
+    def tasks(self) -> RedisStreamQueue:
+        """Where its tasks wait: its lane's queue at the service, or its stream in the router's Redis."""
+        return self.lane_queue if self.lane_queue is not None else self.queues["tasks"]
 
     @property
     def prefix(self) -> str:
@@ -88,7 +107,8 @@ class UserAgent:
     def record(self) -> dict[str, Any]:
         return {"key": self.key, "account": self.account.name, "digest": self.digest, "config": self.config,
                 "acl_user": self.acl_user, "password": self.password, "endpoint_id": self.endpoint_id,
-                "pid": self.pid, "identities": sorted(self.identities)}
+                "pid": self.pid, "identities": sorted(self.identities), "lane": self.lane,
+                "bindings": sorted(self.bindings)}
 
 
 class UserAgents:
@@ -97,7 +117,7 @@ class UserAgents:
     def __init__(self, *, router: RouterRedis, state_dir: Path, runtime_dir: Path, endpoint_id: str, name: str,
                  python: str, environment: dict[str, str], working_directory: str, idle_timeout: float,
                  lease_seconds: float, deny: list[str], min_uid: int,
-                 fail_tasks: Callable[[UserAgent, str], None]):
+                 fail_tasks: Callable[[UserAgent, str], None], lanes: Optional[Lanes] = None):
         self.router = router
         self.dir = Path(state_dir) / "agents"
         self.runtime_dir = Path(runtime_dir)
@@ -110,6 +130,10 @@ class UserAgents:
         self.lease_seconds = lease_seconds
         self.deny, self.min_uid = deny, min_uid
         self.fail_tasks = fail_tasks  # called with an agent given up and the reason
+        self.lanes = lanes  # None: no service link, every task goes through the router's Redis
+        # queues of lanes closed at start, with when to stop looking (the service may have been
+        # sending to one as it closed): the router takes back what is in them
+        self.closed_lanes: list[tuple[RedisStreamQueue, float]] = []
         self.agents: dict[str, UserAgent] = {}
         self.lock = threading.RLock()
         self.identities: dict[int, set[str]] = {}  # uid -> skyfn user ids mapped to it (the peer-ref brokers read it)
@@ -141,17 +165,21 @@ class UserAgents:
                 continue
             ua = UserAgent(key=rec["key"], account=account, digest=rec["digest"], config=rec["config"],
                            acl_user=rec["acl_user"], password=rec["password"], endpoint_id=rec["endpoint_id"],
-                           pid=rec.get("pid"), identities=set(rec.get("identities", [])))
+                           pid=rec.get("pid"), identities=set(rec.get("identities", [])), lane=rec.get("lane"),
+                           bindings=set(rec.get("bindings", [])))
             for identity_id in ua.identities:  # the peer-ref brokers trust them again
                 self._note_identity(account.uid, identity_id)
             if ua.acl_user not in known_users:  # re-made after a restart of the router's Redis
                 self.router.ensure_user(ua.acl_user, ua.password, ua.prefix)
+            alive = ua.pid is not None and pid_alive(ua.pid) and _is_user_agent(ua.pid, account.uid)
+            if ua.lane is not None and not alive:
+                self._close_lane(ua)
             self._open_queues(ua)
             with self.lock:
                 self.agents[ua.key] = ua
-            if ua.pid is not None and pid_alive(ua.pid) and _is_user_agent(ua.pid, account.uid):
+            if alive:
                 log.info("adopted user agent %s (pid %d) of the previous run", ua.key, ua.pid)
-            elif ua.queues["tasks"].depth() > 0:
+            elif ua.tasks.depth() > 0:
                 ua.pid = None
                 self._spawn(ua)
             else:
@@ -160,8 +188,10 @@ class UserAgents:
         return adopted
 
     # --- getting one -----------------------------------------------------------------
-    def get(self, account: Account, identity_id: str, rendered_config: dict, digest: str) -> UserAgent:
-        """The running user agent of (account, config), started if needed."""
+    def get(self, account: Account, identity_id: str, rendered_config: dict, digest: str,
+            config_key: str = "none") -> UserAgent:
+        """The running user agent of (account, config), started if needed, with (identity,
+        config key) bound to its lane when the service has lanes."""
         key = f"{account.name}-{digest[:12]}"
         with self.lock:
             self._note_identity(account.uid, identity_id)
@@ -174,13 +204,40 @@ class UserAgents:
                 self._open_queues(ua)
                 self.agents[key] = ua
             ua.last_active = time.monotonic()
+            changed = self._bind(ua, identity_id, config_key)
             if identity_id not in ua.identities:
                 ua.identities.add(identity_id)
-                if ua.alive():
-                    self._save(ua)
+                changed = True
+            if changed and ua.alive():
+                self._save(ua)
             if not ua.alive() and not ua.stopping:
                 self._spawn(ua)
             return ua
+
+    def _bind(self, ua: UserAgent, identity_id: str, config_key: str) -> bool:
+        """Bind (identity, config key) to the agent's lane, opening it for an agent not yet
+        running (a running agent without a lane reads only the router's stream)."""
+        binding = f"{identity_id} {config_key}"
+        if self.lanes is None or binding in ua.bindings or (ua.lane is None and ua.alive()):
+            return False
+        grant = self.lanes.bind(lane_name(ua.key), identity_id, config_key)
+        if grant is None:
+            return False
+        if ua.lane is None:
+            ua.lane = grant.model_dump()
+            ua.lane_queue = self.lanes.queue(grant.task_queue.name)
+        ua.bindings.add(binding)
+        return True
+
+    def _close_lane(self, ua: UserAgent) -> None:
+        """Close the lane of an agent that is not running (its bindings were made under the
+        mapping of an earlier run); what is left in its queue is routed again."""
+        assert ua.lane is not None
+        if self.lanes is None or not self.lanes.close(ua.lane["lane"]):
+            return  # kept: the service still sends there, and the agent reads it when started
+        self.closed_lanes.append((self.lanes.queue(ua.lane["task_queue"]["name"]), time.monotonic() + CLOSED_LANE_WATCH_S))
+        ua.lane, ua.lane_queue, ua.bindings = None, None, set()
+        self._save(ua)
 
     def _open_queues(self, ua: UserAgent) -> None:
         for kind in ("tasks", "results", "control"):
@@ -188,6 +245,8 @@ class UserAgents:
                                  visibility_timeout=self.lease_seconds)
             q.ensure()
             ua.queues[kind] = q
+        if ua.lane is not None and self.lanes is not None:
+            ua.lane_queue = self.lanes.queue(ua.lane["task_queue"]["name"])
 
     def _spawn(self, ua: UserAgent) -> None:
         account = ua.account
@@ -202,6 +261,11 @@ class UserAgents:
         config = {**ua.config, "endpoint_id": ua.endpoint_id, "lease_seconds": self.lease_seconds,
                   "task_queue": self._descriptor(ua, "tasks"), "results_queue": self._descriptor(ua, "results"),
                   "control_queue": self._descriptor(ua, "control")}
+        doc: dict[str, Any] = {"name": f"{self.name}.{ua.key}", "config": config}
+        if ua.lane is not None:  # tasks from the lane, results to the service; audit copies to the router
+            config.update(task_queue=ua.lane["task_queue"], results_queue=ua.lane["results_queue"])
+            doc["lane"] = {"lane": ua.lane["lane"], "mac_key": ua.lane["mac_key"], "endpoint_id": ua.lane["endpoint_id"],
+                           "audit_queue": self._descriptor(ua, "results")}
         fd = os.open(self.dir / f"{ua.key}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             proc = start_as(account, [self.python, "-m", "endpoint_agent.multiuser.user_agent"], workdir=workdir,
@@ -210,7 +274,7 @@ class UserAgents:
             os.close(fd)
         try:
             assert proc.stdin is not None
-            proc.stdin.write(json.dumps({"name": f"{self.name}.{ua.key}", "config": config}).encode())
+            proc.stdin.write(json.dumps(doc).encode())
             proc.stdin.close()
         except OSError as exc:  # it died at once: supervise() reads its log
             log.warning("user agent %s exited before it read its config (%s)", ua.key, exc)
@@ -261,13 +325,13 @@ class UserAgents:
                 self._forget(ua)
                 continue
             if ua.pid is None and ua.proc is None:
-                if ua.queues["tasks"].depth() > 0:  # tasks routed to it as it stopped: start it for them
+                if ua.tasks.depth() > 0:  # tasks routed or sent to it as it stopped: start it for them
                     self._spawn(ua)
                 continue  # else: nothing to do; started by the next task
             code = ua.proc.returncode if ua.proc is not None else None
             quick = ua.started and now - ua.started < START_GRACE_S
             ua.proc, ua.pid = None, None
-            if ua.queues["tasks"].depth() == 0:
+            if ua.tasks.depth() == 0:
                 log.info("user agent %s ended (exit %s) with no task left", ua.key, code)
                 continue
             ua.quick_exits = ua.quick_exits + 1 if quick else 0
@@ -283,7 +347,7 @@ class UserAgents:
             self._spawn(ua)
 
     def _idle(self, ua: UserAgent) -> bool:
-        return ua.queues["tasks"].depth() == 0 and ua.queues["results"].depth() == 0
+        return ua.tasks.depth() == 0 and ua.queues["results"].depth() == 0
 
     def _stop_idle(self, ua: UserAgent) -> None:
         log.info("user agent %s idle for %.0f s: stopping it", ua.key, self.idle_timeout)
@@ -294,9 +358,11 @@ class UserAgents:
     def _forget(self, ua: UserAgent) -> None:
         """An idle agent has stopped: drop its ACL user and record (the next task makes new ones).
         Under the lock the router routes with, so a pack is never routed to a forgotten agent;
-        one routed while it stopped keeps it (supervise() starts it again)."""
+        one routed while it stopped keeps it (supervise() starts it again). An agent with a
+        lane is kept: the service sends its users' tasks to the lane, and supervise() starts
+        it when one arrives."""
         with self.lock:
-            if self._idle(ua):
+            if ua.lane is None and self._idle(ua):
                 self.agents.pop(ua.key, None)
                 try:
                     self.router.drop_user(ua.acl_user)
@@ -346,10 +412,10 @@ class UserAgents:
                 log.warning("user agent %s did not stop within %.0f s: killing it", ua.key, timeout)
                 self._signal(ua, signal.SIGKILL)
             ua.pid, ua.proc = None, None
-            if ua.queues["tasks"].depth() == 0:
+            if ua.lane is None and ua.tasks.depth() == 0:
                 (self.dir / f"{ua.key}.json").unlink(missing_ok=True)
-            else:  # tasks routed to it wait in the router's Redis: the next run starts it for them
-                self._save(ua)
+            else:  # tasks routed to it wait in the router's Redis, or its lane is still bound: the
+                self._save(ua)  # next run starts it for them, or closes the lane and routes again
             try:
                 self.router.drop_user(ua.acl_user)
             except Exception:  # noqa: BLE001 - the router may be gone already

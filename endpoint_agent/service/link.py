@@ -20,6 +20,7 @@ from typing import Any, Callable
 import requests
 
 from skyfn.protocol.api import EndpointRegistered, Heartbeat, RegisterEndpoint
+from skyfn.protocol.lanes import BindLane, LaneGranted
 
 log = logging.getLogger("skyfn.agent.link")
 
@@ -30,6 +31,10 @@ REQUEST_TIMEOUT_S = 10.0
 
 class ServiceError(Exception):
     """The service refused a request (4xx); retrying will not help."""
+
+    def __init__(self, message: str, status: int = 0, code: str | None = None):
+        super().__init__(message)
+        self.status, self.code = status, code
 
 
 class ServiceLink:
@@ -42,21 +47,24 @@ class ServiceLink:
                                      "User-Agent": "skyfn-endpoint"})
 
     def _post(self, path: str, body: str) -> dict[str, Any]:
-        resp = self.session.post(self.url + path, data=body, timeout=self.timeout)
+        return self._call("POST", path, body)
+
+    def _call(self, method: str, path: str, body: str | None) -> dict[str, Any]:
+        resp = self.session.request(method, self.url + path, data=body, timeout=self.timeout)
         if resp.status_code == 401 and self.token_source is not None:
             # the credential was rotated: its owner may have handed the agent the new one
             fresh = self.token_source()
             if fresh and f"Bearer {fresh}" != self.session.headers.get("Authorization"):
                 log.info("the service refused the endpoint credential; using the one now kept for it")
                 self.use_token(fresh)
-                resp = self.session.post(self.url + path, data=body, timeout=self.timeout)
+                resp = self.session.request(method, self.url + path, data=body, timeout=self.timeout)
         if 400 <= resp.status_code < 500:
             try:
                 err = resp.json()
-                detail = f"{err.get('error')}: {err.get('message')}"
+                code, detail = err.get("error"), f"{err.get('error')}: {err.get('message')}"
             except ValueError:
-                detail = resp.text[:300]
-            raise ServiceError(f"POST {path} refused with {resp.status_code}: {detail}")
+                code, detail = None, resp.text[:300]
+            raise ServiceError(f"{method} {path} refused with {resp.status_code}: {detail}", resp.status_code, code)
         resp.raise_for_status()
         return resp.json()
 
@@ -111,6 +119,20 @@ class ServiceLink:
             fields["direct"] = direct
         body = Heartbeat(**fields)
         return self._post(f"/endpoints/{endpoint_id}/heartbeat", body.model_dump_json(exclude_unset=True))
+
+    def bind_lane(self, endpoint_id: str, lane: str, identity_id: str, config_key: str) -> LaneGranted:
+        """Open the lane (if new) and bind (identity, config key) to it (skyfn.protocol.lanes).
+        ServiceError with code `lanes_unavailable` where the service's queues cannot have lanes."""
+        body = BindLane(lane=lane, identity_id=identity_id, config_key=config_key).model_dump_json()
+        return LaneGranted.model_validate(self._post(f"/endpoints/{endpoint_id}/lanes", body))
+
+    def close_lane(self, endpoint_id: str, lane: str) -> None:
+        """Unbind everything from the lane and end its queue login (404: it was gone already)."""
+        try:
+            self._call("DELETE", f"/endpoints/{endpoint_id}/lanes/{lane}", None)
+        except ServiceError as exc:
+            if exc.status != 404:
+                raise
 
     def close(self) -> None:
         self.session.close()

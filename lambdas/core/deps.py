@@ -61,6 +61,10 @@ def task_queue(endpoint_id: str) -> tuple[TaskQueue, QueueDescriptor]:
     return _queue(settings().task_queue_name(endpoint_id))
 
 
+def lane_queue(endpoint_id: str, lane: str) -> tuple[TaskQueue, QueueDescriptor]:
+    return _queue(settings().lane_queue_name(endpoint_id, lane))
+
+
 def control_queue(endpoint_id: str) -> tuple[TaskQueue, QueueDescriptor]:
     return _queue(settings().control_queue_name(endpoint_id))
 

@@ -9,6 +9,7 @@ object or list inside it adds one).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any, Optional
 
@@ -77,3 +78,12 @@ def _json_type(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "an array"
     return f"a {type(value).__name__}"
+
+
+def config_key(value: Optional[dict]) -> str:
+    """A short, stable name of a user_config, the same at the service and the endpoint: a
+    multi-user endpoint's lanes are bound to (identity, config_key) (skyfn.protocol.lanes)."""
+    if value is None:
+        return "none"
+    encoded = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return hashlib.sha256(encoded.encode()).hexdigest()[:16]

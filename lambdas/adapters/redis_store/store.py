@@ -205,6 +205,25 @@ class TaskStore(IdempotencyKeys, DoneStreams, HistoryOutbox):
                 missing.append(tid)
         return out, missing, complete_from
 
+    def owners(self, task_ids: set[str] | list[str]) -> dict[str, str]:
+        """task id -> owner of the tasks in the hot store (one round trip)."""
+        ids = list(task_ids)
+        if not ids:
+            return {}
+        pipe = self.r.pipeline(transaction=False)
+        self.owners_on(pipe, ids)
+        return self.owners_from(ids, pipe.execute())
+
+    @staticmethod
+    def owners_on(pipe, task_ids: list[str]) -> None:
+        """Queue the owner reads of `owners` on a caller's pipeline (one round trip with its own)."""
+        for tid in task_ids:
+            pipe.hget(f"t:{tid}", "o")
+
+    @staticmethod
+    def owners_from(task_ids: list[str], values: list) -> dict[str, str]:
+        return {tid: o.decode() for tid, o in zip(task_ids, values) if o is not None}
+
     def record(self, task_id: str) -> dict[str, str]:
         raw = self.r.hgetall(f"t:{task_id}")
         return {k.decode(): v.decode() for k, v in raw.items()}

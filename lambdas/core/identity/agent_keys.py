@@ -6,12 +6,13 @@ each time the owner registers the endpoint (registering again rotates it: the ol
 stops working at once). The service keeps only SHA-256 of the secret (Redis
 `agentcred:<id>`, and the endpoint's DynamoDB item as the durable copy).
 
-With it an agent may call its own endpoint's agent routes (connect, heartbeat) and
-nothing else of the API. On the queues:
+With it an agent may call its own endpoint's agent routes (connect, heartbeat, and a
+multi-user endpoint's lanes) and nothing else of the API. On the queues:
 - Redis Streams (embedded runtime): the credential is the password of a Redis ACL user
-  `ep-<id>` (stored hashed, `#<sha256>`) whose key permissions are the endpoint's task and
-  control streams (and their lease and dead-letter keys) plus *write-only* access to the
-  shared results stream. Any other key -- another endpoint's queue, task records, the
+  `ep-<id>` (stored hashed, `#<sha256>`; lambdas/core/identity/queue_acl.py) whose key
+  permissions are the endpoint's task and control streams and its lanes' task streams
+  (and their lease and dead-letter keys) plus *write-only* access to the shared results
+  stream. Any other key -- another endpoint's queue, task records, the
   results others post -- is refused by Redis itself (NOPERM). Key-space commands (SCAN,
   KEYS) are refused too, so task ids of other endpoints cannot be listed.
 - SQS (AWS): temporary STS credentials of the agent role narrowed by a session policy
@@ -19,25 +20,14 @@ nothing else of the API. On the queues:
 """
 from __future__ import annotations
 
-import hashlib
 import hmac
-import logging
 import secrets
 from typing import Optional
 
-import redis
-
 from lambdas.config import GATEWAY_PROVIDERS, settings
 from lambdas.core import deps
-from lambdas.core.identity import direct_info
-
-log = logging.getLogger("skyfn.agent_keys")
-
+from lambdas.core.identity import direct_info, lanes, queue_acl
 from skyfn.protocol.credentials import PREFIX, parse, redis_url
-
-
-def _digest(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 def acl_user(endpoint_id: str) -> str:
@@ -47,7 +37,7 @@ def acl_user(endpoint_id: str) -> str:
 def issue(endpoint_id: str) -> str:
     """A new credential for the endpoint (the previous one stops working)."""
     secret = secrets.token_urlsafe(32)
-    digest = _digest(secret)
+    digest = queue_acl.digest(secret)
     deps.dynamo().endpoints.update_item(Key={"endpoint_id": endpoint_id}, UpdateExpression="SET cred_hash = :h",
                                         ExpressionAttributeValues={":h": digest})
     deps.redis_client().set(f"agentcred:{endpoint_id}", digest)
@@ -71,47 +61,33 @@ def verify(credential: str) -> Optional[str]:
             return None
         deps.redis_client().set(f"agentcred:{endpoint_id}", digest)
         stored = digest.encode()
-    return endpoint_id if hmac.compare_digest(stored.decode(), _digest(secret)) else None
+    return endpoint_id if hmac.compare_digest(stored.decode(), queue_acl.digest(secret)) else None
 
 
 def revoke(endpoint_id: str) -> None:
-    """No credential of the endpoint works any more; its agent's Redis connections are cut."""
+    """No credential of the endpoint works any more; its agent's Redis connections are cut,
+    and its lanes closed (their user agents' logins end too)."""
     deps.dynamo().endpoints.update_item(Key={"endpoint_id": endpoint_id}, UpdateExpression="REMOVE cred_hash")
     r = deps.redis_client()
     r.delete(f"agentcred:{endpoint_id}")
     direct_info.withdraw([endpoint_id])  # no new direct sessions with an agent its owner cut off
     if settings().queue_kind == "redis":
-        try:
-            r.execute_command("ACL", "DELUSER", acl_user(endpoint_id))  # also closes its connections
-            _save_acl(r)
-        except redis.ResponseError as exc:
-            log.warning("could not remove the Redis user of endpoint %s: %s", endpoint_id, exc)
+        queue_acl.delete_users(acl_user(endpoint_id))  # also closes its connections
+        lanes.close_all(endpoint_id)  # and its lanes' logins
 
 
 # --- Redis ACL users (queue access on the Redis Streams path) ---------------------------
-def acl_rules(endpoint_id: str, digest: str) -> list[str]:
+def acl_keys(endpoint_id: str) -> list[str]:
+    """The endpoint's task and control queues, and its lanes' task queues: the privileged
+    process of a multi-user endpoint hands a lane the first tasks of a new binding and takes
+    back what is left in a lane it closed (lambdas/core/identity/lanes.py)."""
     s = settings()
-    own = [s.task_queue_name(endpoint_id), s.control_queue_name(endpoint_id)]
-    keys = [f"~{name}{suffix}" for name in own for suffix in ("", ":leases", ":dlq")]
-    return ["reset", "on", f"#{digest}", "resetchannels", *keys, f"%W~{s.results_queue_name}",
-            "+@all", "-@admin", "-@dangerous", "-@keyspace", "-@pubsub"]
+    return [*queue_acl.queue_keys(s.task_queue_name(endpoint_id), s.control_queue_name(endpoint_id)),
+            s.lane_queue_name(endpoint_id, "*")]
 
 
 def grant_queue_access(endpoint_id: str, digest: str) -> None:
-    r = deps.redis_client()
-    r.execute_command("ACL", "SETUSER", acl_user(endpoint_id), *acl_rules(endpoint_id, digest))
-    _save_acl(r)
-
-
-def _save_acl(r: redis.Redis) -> None:
-    """Persist users in the server's ACL file, so they survive a restart of Redis (the
-    embedded runtime starts redis-server with one). Without an ACL file users live until
-    the server restarts; agents then get fresh ones by registering again."""
-    try:
-        r.execute_command("ACL", "SAVE")
-    except redis.ResponseError as exc:
-        if "ACL file" not in str(exc) and "aclfile" not in str(exc).lower():
-            raise
+    queue_acl.set_user(acl_user(endpoint_id), digest, acl_keys(endpoint_id))
 
 
 def scoped_redis_url(endpoint_id: str, credential: str) -> str:

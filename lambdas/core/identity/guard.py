@@ -1,5 +1,5 @@
 """What an authenticated caller may reach before routing: endpoint agents only their own
-endpoint's agent routes (connect, heartbeat); everyone within their rate limit
+endpoint's agent routes (connect, heartbeat, lanes); everyone within their rate limit
 (lambdas/core/identity/limits.py). Returns (status, body, headers) of the refusal, or None."""
 from __future__ import annotations
 
@@ -8,19 +8,30 @@ from typing import Optional
 
 from lambdas.core.identity import limits
 
-_AGENT_ROUTE = re.compile(r"^/endpoints/([A-Za-z0-9-]{1,64})/(heartbeat|connect)$")
+# (method, path) an endpoint agent may call, the endpoint id first in the path
+_AGENT_ROUTES = (("POST", re.compile(r"^/endpoints/([A-Za-z0-9-]{1,64})/(heartbeat|connect|lanes)$")),
+                 ("DELETE", re.compile(r"^/endpoints/([A-Za-z0-9-]{1,64})/lanes/[^/]+$")))
 
 
 def _refuse(status: int, code: str, message: str, headers: Optional[dict] = None) -> tuple[int, dict, dict]:
     return status, {"error": code, "message": message}, headers or {}
 
 
+def _agent_route_of(method: str, path: str) -> Optional[str]:
+    """The endpoint id of an agent route, else None."""
+    for allowed, pattern in _AGENT_ROUTES:
+        m = pattern.match(path or "") if method == allowed else None
+        if m:
+            return m.group(1)
+    return None
+
+
 def check(identity, method: str, path: str) -> Optional[tuple[int, dict, dict]]:
     if identity.is_agent:
-        m = _AGENT_ROUTE.match(path or "")
-        if method != "POST" or not m or m.group(1) != identity.endpoint_id:
+        if _agent_route_of(method, path) != identity.endpoint_id:
             return _refuse(403, "forbidden", "an endpoint credential only serves its own endpoint's agent routes "
-                                             "(POST /endpoints/<id>/connect and /heartbeat); use a user token")
+                                             "(POST /endpoints/<id>/connect, /heartbeat and /lanes, DELETE "
+                                             "/endpoints/<id>/lanes/<lane>); use a user token")
         principal = f"endpoint:{identity.endpoint_id}"
     else:
         principal = f"user:{identity.user}"

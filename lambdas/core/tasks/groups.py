@@ -57,7 +57,8 @@ class Routing:
     endpoints: list[str]                                   # '' for a task the policy refused
     tags: dict[str, Optional[str]] = field(default_factory=dict)   # function id -> tag
     refused: dict[int, str] = field(default_factory=dict)  # task index -> reason
-    records: dict[str, dict[str, str]] = field(default_factory=dict)  # endpoint named directly -> its hot record
+    # endpoint -> its hot record, for the endpoints routing read (named directly, group members)
+    records: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 @functools.lru_cache(maxsize=256)
@@ -187,7 +188,7 @@ def route(owner: str, req: SubmitTasks, containers: dict[str, Optional[str]],
     for group_id, indices in by_group.items():
         placed = place(owner, group_id, [routing.tags.get(tasks[i].function_id) for i in indices],
                        [tasks[i].container or containers.get(tasks[i].function_id) for i in indices],
-                       [tasks[i].data_locations for i in indices])
+                       [tasks[i].data_locations for i in indices], records=routing.records)
         for i, (ep, reason) in zip(indices, placed):
             routing.endpoints[i] = ep
             if reason is not None:
@@ -208,15 +209,19 @@ def function_tags(function_ids: set[str]) -> dict[str, Optional[str]]:
 
 
 def place(owner: str, group_id: str, tags: list[Optional[str]], containers: list[Optional[str]],
-          data: Optional[list[Optional[dict[str, int]]]] = None) -> list[tuple[str, Optional[str]]]:
+          data: Optional[list[Optional[dict[str, int]]]] = None,
+          records: Optional[dict[str, dict[str, str]]] = None) -> list[tuple[str, Optional[str]]]:
     """(endpoint id, None) for each placed task; ('', reason) for each the policy refused.
     `data`: per task, endpoint id -> bytes of its data refs there (the SDK says; the refs
-    themselves are opaque here), which `data_local` and the `data` affinity use."""
+    themselves are opaque here), which `data_local` and the `data` affinity use. `records`
+    gets the members' hot records, as read here (the submission needs no second read)."""
     rec = _record(owner, group_id)
     policy = _policy(rec["policy"])
     state, _ = live_state(rec["members"])
     for m in rec["members"]:  # a member shared with the group's owner and since revoked takes nothing
         ep = registry._endpoint_record(m["endpoint_id"])
+        if ep is not None and records is not None:
+            records[m["endpoint_id"]] = ep
         if ep is None or not access.allows("endpoint", m["endpoint_id"], ep["o"], rec["owner"]):
             state.upsert(m["name"], online=False)
     by_name = {m["name"]: m["endpoint_id"] for m in rec["members"]}

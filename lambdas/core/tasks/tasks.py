@@ -3,9 +3,10 @@
 A submission is validated, stored in the hot store (state QUEUED), packed per endpoint
 into TaskPacks (with the bodies of the functions they call, the submitter's identity
 claims and the request's user_config, which a multi-user endpoint maps and renders:
-lambdas/core/identity/submitters.py) and sent to each endpoint's queue. Nothing per task
-touches DynamoDB: the submission record is written there off the hot path through the
-history outbox.
+lambdas/core/identity/submitters.py) and sent to each endpoint's queue -- or, at a
+multi-user endpoint, to the lane of the user agent the submitter's (identity, config key)
+is bound to (lambdas/core/identity/lanes.py). Nothing per task touches DynamoDB: the
+submission record is written there off the hot path through the history outbox.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from aws_lambda_powertools import Logger
 from lambdas.adapters.redis_store.rows import TaskRow
 from lambdas.config import settings
 from lambdas.core import deps
-from lambdas.core.identity import allowlist, submitters
+from lambdas.core.identity import allowlist, lanes, submitters
 from lambdas.core.tasks import blobs, groups, idempotency, memo, push, registry
 from lambdas.core.errors import Conflict, NotFound, ServiceError, Unavailable
 from lambdas.core.ids import is_uuid, keyed_ids, new_id, new_ids
@@ -28,6 +29,7 @@ from skyfn.protocol.api import SubmitTasks, TaskInfo, TaskStatus
 from skyfn.protocol.blobs import HEADER as BLOB_HEADER
 from skyfn.protocol.messages import PACK_MAX_BYTES, PACK_MAX_TASKS
 from skyfn.protocol.states import FINAL_STATES, parse_events
+from skyfn.protocol.user_config import config_key
 from skyfn.protocol.user_config import problem as user_config_problem
 
 logger = Logger(service="skyfn-tasks", child=True)
@@ -123,7 +125,7 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None,
     sent: set[str] = set()
     try:
         for ep, indices in by_endpoint.items():
-            queue, _ = deps.task_queue(ep)
+            queue = _task_queue(ep, routing.records.get(ep), who, req.user_config)
             queue.send(list(_packs(ep, indices, task_ids, tasks, bodies, containers, routing.tags, functions,
                                     owner=owner, identity=who, user_config=req.user_config)))
             sent.update(task_ids[i] for i in indices)
@@ -135,6 +137,17 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None,
     if not rows:
         store.enqueue_submission_record(record)
     return {"submission_id": submission_id, "task_ids": task_ids, "replayed": False}
+
+
+def _task_queue(endpoint_id: str, record: dict[str, str] | None, who: dict[str, Any], user_config: Any):
+    """The endpoint's task queue, or the lane the submitter's (identity, config key) is bound to
+    at a multi-user endpoint (lambdas/core/identity/lanes.py): that user agent gets the tasks
+    straight away. Only a multi-user endpoint's record costs the lookup."""
+    if lanes.enabled() and lanes.multi_user(record):
+        lane = lanes.lane_for(endpoint_id, who["id"], config_key(user_config))
+        if lane is not None:
+            return deps.lane_queue(endpoint_id, lane)[0]
+    return deps.task_queue(endpoint_id)[0]
 
 
 def _not_yet_queued(store, rows, by_endpoint, task_ids):
