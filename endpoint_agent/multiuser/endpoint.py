@@ -150,9 +150,11 @@ class MultiUserEndpoint(Agent):
         """Lanes at the service (skyfn.protocol.lanes) when the endpoint has a service link and
         its task queue is a Redis stream; else every task goes through the router's Redis."""
         desc = self.task_queue_desc
-        if not self.mu.lanes or self.link is None or desc is None or desc.kind != "redis":
+        if self.link is None or desc is None or desc.kind != "redis":
             return None
-        return Lanes(self.link, self.endpoint_id, desc.url, self.config.lease_seconds)
+        lanes = Lanes(self.link, self.endpoint_id, desc.url, self.config.lease_seconds)
+        lanes.available = self.mu.lanes  # off: binds nothing new, still closes the lanes of an earlier run
+        return lanes
 
     def _take_back_closed_lanes(self) -> None:
         if not self.agents.closed_lanes:

@@ -351,11 +351,15 @@ class Router:
                 identity = json.loads(raw) if raw else {"id": c.get("identity_id")}
                 events = [e for e in c.get("events") or [] if isinstance(e, (list, tuple)) and len(e) == 2]
                 times = {state: ts for state, ts in events}
-                self.audit.record(identity=identity, account=ua.account.name, uid=ua.account.uid,
-                                  function_id=c.get("function_id"), function_name=c.get("function_name"),
-                                  task_id=str(c["task_id"]), start=times.get("RUNNING") or times.get("DISPATCHED"),
-                                  end=max((ts for _, ts in events), default=time.time()),
-                                  outcome=str(c.get("state")), reason=c.get("reason"))
+                try:
+                    self.audit.record(identity=identity, account=ua.account.name, uid=ua.account.uid,
+                                      function_id=c.get("function_id"), function_name=c.get("function_name"),
+                                      task_id=str(c["task_id"]), start=times.get("RUNNING") or times.get("DISPATCHED"),
+                                      end=max((ts for _, ts in events), default=time.time()),
+                                      outcome=str(c.get("state")), reason=c.get("reason"))
+                except (ValueError, TypeError) as exc:  # what the agent copied does not make a record
+                    log.error("user agent %s sent an audit copy of task %s that is not valid (%s); dropped",
+                              ua.key, c.get("task_id"), exc)
             self.forwarded_results += sum(1 for f in firsts if f)
         stream.delete([m.receipt for m in messages])
         ua.last_active = time.monotonic()

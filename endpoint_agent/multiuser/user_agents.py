@@ -235,7 +235,8 @@ class UserAgents:
         assert ua.lane is not None
         if self.lanes is None or not self.lanes.close(ua.lane["lane"]):
             return  # kept: the service still sends there, and the agent reads it when started
-        self.closed_lanes.append((self.lanes.queue(ua.lane["task_queue"]["name"]), time.monotonic() + CLOSED_LANE_WATCH_S))
+        queue = self.lanes.queue(ua.lane["task_queue"]["name"])
+        self.closed_lanes.append((queue, time.monotonic() + CLOSED_LANE_WATCH_S))
         ua.lane, ua.lane_queue, ua.bindings = None, None, set()
         self._save(ua)
 
@@ -264,7 +265,8 @@ class UserAgents:
         doc: dict[str, Any] = {"name": f"{self.name}.{ua.key}", "config": config}
         if ua.lane is not None:  # tasks from the lane, results to the service; audit copies to the router
             config.update(task_queue=ua.lane["task_queue"], results_queue=ua.lane["results_queue"])
-            doc["lane"] = {"lane": ua.lane["lane"], "mac_key": ua.lane["mac_key"], "endpoint_id": ua.lane["endpoint_id"],
+            doc["lane"] = {"lane": ua.lane["lane"], "mac_key": ua.lane["mac_key"],
+                           "endpoint_id": ua.lane["endpoint_id"],
                            "audit_queue": self._descriptor(ua, "results")}
         fd = os.open(self.dir / f"{ua.key}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:

@@ -39,7 +39,8 @@ def test_results_are_sealed_and_audited(redis_url):
     got = tasks.receive(max_messages=5)
     assert len(got) == 1
     body = ResultPack(endpoint_id="ep", results=[
-        TaskResult(task_id="t1", state="SUCCEEDED", result="SECRET-VALUE", events=[("RUNNING", 1.0), ("SUCCEEDED", 2.0)]),
+        TaskResult(task_id="t1", state="SUCCEEDED", result="SECRET-VALUE",
+                   events=[("RUNNING", 1.0), ("SUCCEEDED", 2.0)]),
         TaskResult(task_id="t2", state="FAILED", reason="boom", events=[("FAILED", 3.0)])]).model_dump_json().encode()
     results.send([body])
 

@@ -102,6 +102,16 @@ class Site:
         path = self.endpoint_dir / "audit.log"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
+    def audit_of(self, task_ids, timeout: float = 30) -> list[dict]:
+        """The audit records of these tasks, once each has one (a lane's agent copies them to the
+        router, which writes them within a poll period), and a period more for any duplicate."""
+        ids = set(task_ids)
+        deadline = time.monotonic() + timeout
+        while {r["task_id"] for r in self.audit()} < ids and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)
+        return [r for r in self.audit() if r["task_id"] in ids]
+
     def log_tail(self, n: int = 40) -> str:
         try:
             return "\n".join((self.endpoint_dir / "mep.log").read_text(errors="replace").splitlines()[-n:])

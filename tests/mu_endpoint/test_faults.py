@@ -49,7 +49,7 @@ def _run_with_kill(site, role, kill):
     uid = pwd.getpwnam(site.accounts[role]).pw_uid
     assert results == [(i, uid) for i in range(N)]
     ids = [f.task_id for f in futures]
-    audited = [r["task_id"] for r in site.audit() if r["task_id"] in set(ids)]
+    audited = [r["task_id"] for r in site.audit_of(ids)]
     assert sorted(audited) == sorted(ids), "each task audited exactly once"
     return done_before
 

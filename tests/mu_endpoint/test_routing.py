@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pwd
 import threading
+import time
 
 import pytest
 
@@ -22,6 +23,37 @@ def expected(account: str) -> dict:
     pw = pwd.getpwnam(account)
     return {"uid": pw.pw_uid, "euid": pw.pw_uid, "gid": pw.pw_gid, "groups": sorted(os.getgrouplist(account, pw.pw_gid)),
             "home": pw.pw_dir, "user": account}
+
+
+def test_after_its_first_task_a_users_tasks_bypass_the_router(site):
+    """The first task of a new (identity, user_config) is routed and binds it to its agent's lane;
+    the rest go from the service to the lane and back without the privileged process, and are
+    still audited once each as the user's account."""
+    want = expected(site.accounts["bob"])
+    with site.user("bob") as bob, Executor(endpoint_id=site.endpoint_id, client=bob,
+                                           user_config={"workers": 1}) as ex:
+        before = _routed(site)
+        first = ex.submit(whoami)
+        assert {k: v for k, v in first.result(timeout=120).items() if k in want} == want
+        assert _routed(site, before + 1) == before + 1
+        futures = [ex.submit(whoami) for _ in range(40)]
+        assert all({k: g[k] for k in want} == want for g in (f.result(timeout=120) for f in futures))
+    time.sleep(2.5)  # the status file is rewritten every 2 s
+    assert _routed(site) == before + 1, "tasks after the first went through the router"
+    records = site.audit_of([first.task_id] + [f.task_id for f in futures])
+    assert sorted(r["task_id"] for r in records) == sorted([first.task_id] + [f.task_id for f in futures])
+    assert {(r["account"], r["uid"], r["outcome"], r["function"]["name"]) for r in records} == {
+        (site.accounts["bob"], want["uid"], "SUCCEEDED", "whoami")}
+
+
+def _routed(site, at_least: int = 0) -> int:
+    """Tasks the router has routed, from the status file (waiting until it says `at_least`)."""
+    deadline = time.monotonic() + 10
+    while True:
+        routed = site.status().get("routed", 0)
+        if routed >= at_least or time.monotonic() > deadline:
+            return routed
+        time.sleep(0.1)
 
 
 def test_interleaved_tasks_of_two_users_run_as_their_own_accounts(site):
@@ -52,7 +84,8 @@ def test_interleaved_tasks_of_two_users_run_as_their_own_accounts(site):
     agents = {a["account"] for a in site.user_agents()}
     assert agents >= {site.accounts["alice"], site.accounts["bob"]}
     assert "root" not in agents
-    audit = [r for r in site.audit() if r["outcome"] == "SUCCEEDED"]
+    audit = [r for r in site.audit_of(f.task_id for futs in futures.values() for f in futs)
+             if r["outcome"] == "SUCCEEDED"]
     by_account = {}
     for r in audit:
         by_account.setdefault(r["account"], set()).add(r["task_id"])
