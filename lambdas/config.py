@@ -28,6 +28,7 @@ class Settings:
     history_batch: int
     sqs_queue_prefix: str
     history_ttl_days: float = 0.0  # 0: the durable history never expires
+    history_drain_margin_s: float = 5.0  # a history drain stops taking batches this long before its timeout
     memo_ttl: float = 7 * 24 * 3600.0  # how long a memoized result answers repeat calls
     # authentication and limits (lambdas/auth.py, lambdas/core/identity/limits.py)
     auth_provider: str = "jwt"       # jwt: verify tokens here; cognito|globus: API Gateway's authorizer did
@@ -39,6 +40,9 @@ class Settings:
     inline_bytes: int = 256 << 10    # arguments/results above this travel through S3
     bucket: str = ""
     direct_session_ttl: float = DEFAULT_SESSION_TTL_S  # seconds a direct session's token is good for
+    # backpressure (lambdas/core/tasks/backlog.py): submissions answer 429 backlog past these
+    backlog_max: int = 1_000_000              # history outbox entries not yet archived
+    backlog_memory_fraction: float = 0.8      # of the hot store's maxmemory (no bound without maxmemory)
 
     def task_queue_name(self, endpoint_id: str) -> str:
         if self.queue_kind == "sqs":
@@ -77,6 +81,21 @@ def _positive(name: str, default: float) -> float:
     return value
 
 
+def _count(name: str, default: int) -> int:
+    """A positive whole number (1_000_000 and 1e6 are accepted)."""
+    value = _float(name, default)
+    if not (1 <= value < float("inf")) or value != int(value):
+        raise RuntimeError(f"environment variable {name}={os.environ.get(name)!r} must be a whole number >= 1")
+    return int(value)
+
+
+def _fraction(name: str, default: float) -> float:
+    value = _float(name, default)
+    if not 0 < value <= 1:  # also refuses nan
+        raise RuntimeError(f"environment variable {name}={value!r} must be a fraction in (0, 1], e.g. 0.8")
+    return value
+
+
 @functools.lru_cache(maxsize=1)
 def settings() -> Settings:
     kind = os.environ.get("SKYFN_QUEUE_KIND", "redis")
@@ -97,7 +116,8 @@ def settings() -> Settings:
         heartbeat_timeout=_float("SKYFN_HEARTBEAT_TIMEOUT", 30.0),
         result_ttl=_float("SKYFN_RESULT_TTL", 600.0),
         unretrieved_ttl=_float("SKYFN_UNRETRIEVED_TTL", 7 * 24 * 3600.0),
-        history_batch=int(_float("SKYFN_HISTORY_BATCH", 500)),
+        history_batch=int(_float("SKYFN_HISTORY_BATCH", 2000)),
+        history_drain_margin_s=_float("SKYFN_HISTORY_DRAIN_MARGIN_S", 5.0),
         sqs_queue_prefix=os.environ.get("SKYFN_SQS_PREFIX", prefix),
         history_ttl_days=_float("SKYFN_HISTORY_TTL_DAYS", 0.0),
         memo_ttl=_float("SKYFN_MEMO_TTL", 7 * 24 * 3600.0),
@@ -110,6 +130,8 @@ def settings() -> Settings:
         inline_bytes=int(_float("SKYFN_INLINE_BYTES", 256 << 10)),
         bucket=os.environ.get("SKYFN_BUCKET", ""),
         direct_session_ttl=_positive("SKYFN_DIRECT_SESSION_TTL", DEFAULT_SESSION_TTL_S),
+        backlog_max=_count("SKYFN_BACKLOG_MAX", 1_000_000),
+        backlog_memory_fraction=_fraction("SKYFN_BACKLOG_MEMORY_FRACTION", 0.8),
     )
 
 

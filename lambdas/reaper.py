@@ -1,8 +1,9 @@
 """The reaper Lambda (scheduled): endpoints without heartbeats go offline, expired
 leases go back to QUEUED (or FAILED past their retry budget), tasks dead-lettered by a
 queue (an endpoint's, or one of its lanes': lambdas/core/identity/lanes.py) are failed with
-the reason, and results past their TTL leave the hot store. The tasks it fails are pushed
-to their owners' connections like results (lambdas/core/tasks/push.py)."""
+the reason. The tasks it fails are pushed to their owners' connections like results
+(lambdas/core/tasks/push.py). Finished records leave the hot store by their own expiry
+(lambdas/adapters/redis_store/outbox.py), not here."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -61,9 +62,7 @@ def reap() -> dict[str, int]:
     lanes_of = lanes.watched(endpoint_ids) if lanes.enabled() else {}
     for endpoint_id in endpoint_ids:
         dead += fail_dead_letters(endpoint_id, lanes_of.get(endpoint_id, []))
-    purged = store.purge()
-    report = {"offline": len(offline), "requeued": requeued, "lease_failed": failed, "dead_lettered": dead,
-              "purged": purged}
+    report = {"offline": len(offline), "requeued": requeued, "lease_failed": failed, "dead_lettered": dead}
     if any(report.values()):
         logger.info("reaped", extra=report)
     return report

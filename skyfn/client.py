@@ -16,6 +16,7 @@ from urllib.parse import quote
 from skyfn.config import load_config
 from skyfn.http import HttpClient, SkyfnAPIError, SkyfnConnectionError, TaskNotFound
 from skyfn.protocol import blobs
+from skyfn.protocol.ids import uuid7_hex
 from skyfn.protocol.limits import MAX_STATUS_IDS, MAX_WAIT_SECONDS  # not .api: no pydantic models to build
 from skyfn.protocol.errors import (
     ResultExpired,
@@ -280,7 +281,7 @@ class Client:
         ids: list[str] = []
         tasks = [self._offload(t) for t in tasks]  # large arguments go through S3
         for chunk in split_requests(tasks):
-            body: dict[str, Any] = {"tasks": chunk, "idempotency_key": uuid.uuid4().hex}
+            body: dict[str, Any] = {"tasks": chunk, "idempotency_key": uuid7_hex()}
             if endpoint_id:
                 body["endpoint_id"] = endpoint_id
             if group_id:

@@ -11,7 +11,7 @@ themselves are built in skyfn.flows.
 from __future__ import annotations
 
 import time
-import uuid
+from skyfn.protocol.ids import uuid7_hex
 from typing import Any, Callable, Iterable, Optional, Union
 from urllib.parse import quote
 
@@ -98,7 +98,7 @@ def submit_batch(client, fn: FunctionRef, args: Iterable[Union[tuple, list]], en
         raise ValueError(f"{len(kw_list)} kwargs for {len(arg_list)} argument tuples")
     body = {"endpoint_id": endpoint_id(client, endpoint), "function_id": function_id(client, fn),
             "payloads": [pack_args(a, k) for a, k in zip(arg_list, kw_list)], "max_retries": max_retries,
-            "idempotency_key": uuid.uuid4().hex, "deadline_seconds": deadline_seconds,
+            "idempotency_key": uuid7_hex(), "deadline_seconds": deadline_seconds,
             "poll_seconds": poll_seconds}
     return BatchRun(client, client._http.post("/batches", body))
 

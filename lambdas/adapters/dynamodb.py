@@ -6,7 +6,8 @@ Tables (prefix from SKYFN_TABLE_PREFIX):
   <p>-endpoints    pk endpoint_id; name claims 'name#<owner>#<name>' -> endpoint_id make
                    re-registering a name safe; GSI owner-index (owner) lists an owner's
   <p>-submissions  pk submission_id
-  <p>-tasks        pk task_id; GSI owner-index (owner, created) for the owner's history
+  <p>-history      pk k, sk s: the finished tasks, filed in compressed pages per owner
+                   (lambdas/adapters/history_pages.py)
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import boto3
 from boto3.dynamodb.conditions import Key
 from botocore.config import Config
 from botocore.exceptions import ClientError
+
+from lambdas.adapters.history_pages import TaskHistory
 
 _BOTO_CONFIG = Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5, read_timeout=30)
 
@@ -43,36 +46,41 @@ class Dynamo:
         self.functions = self.db.Table(f"{prefix}-functions")
         self.endpoints = self.db.Table(f"{prefix}-endpoints")
         self.submissions = self.db.Table(f"{prefix}-submissions")
-        self.tasks = self.db.Table(f"{prefix}-tasks")
+        self.history_table = self.db.Table(f"{prefix}-history")
+        self.history = TaskHistory(self.history_table)
 
     # --- schema ------------------------------------------------------------------
     def ensure_tables(self) -> None:
         client = self.db.meta.client
         existing = set(client.list_tables().get("TableNames", []))
-        specs = {
-            self.functions.name: ("function_id", None),
-            self.endpoints.name: ("endpoint_id", ("owner", None)),
-            self.submissions.name: ("submission_id", None),
-            self.tasks.name: ("task_id", ("owner", "created")),
+        specs = {  # name -> (partition key, sort key, GSI owner-index)
+            self.functions.name: ("function_id", None, None),
+            self.endpoints.name: ("endpoint_id", None, ("owner", None)),
+            self.submissions.name: ("submission_id", None, None),
+            self.history_table.name: ("k", "s", None),
         }
-        for name, (pk, gsi) in specs.items():
+        for name, (pk, sk, gsi) in specs.items():
             if name in existing:
                 continue
             attrs = [{"AttributeName": pk, "AttributeType": "S"}]
+            schema = [{"AttributeName": pk, "KeyType": "HASH"}]
+            if sk:
+                attrs.append({"AttributeName": sk, "AttributeType": "S"})
+                schema.append({"AttributeName": sk, "KeyType": "RANGE"})
             kwargs: dict[str, Any] = {}
             if gsi:
                 hash_key, range_key = gsi
                 attrs.append({"AttributeName": hash_key, "AttributeType": "S"})
-                schema = [{"AttributeName": hash_key, "KeyType": "HASH"}]
+                index = [{"AttributeName": hash_key, "KeyType": "HASH"}]
                 if range_key:
                     attrs.append({"AttributeName": range_key, "AttributeType": "N"})
-                    schema.append({"AttributeName": range_key, "KeyType": "RANGE"})
+                    index.append({"AttributeName": range_key, "KeyType": "RANGE"})
                 kwargs["GlobalSecondaryIndexes"] = [
-                    {"IndexName": "owner-index", "KeySchema": schema, "Projection": {"ProjectionType": "ALL"}}
+                    {"IndexName": "owner-index", "KeySchema": index, "Projection": {"ProjectionType": "ALL"}}
                 ]
             try:
                 client.create_table(TableName=name, BillingMode="PAY_PER_REQUEST", AttributeDefinitions=attrs,
-                                    KeySchema=[{"AttributeName": pk, "KeyType": "HASH"}], **kwargs)
+                                    KeySchema=schema, **kwargs)
             except ClientError as exc:
                 if exc.response["Error"]["Code"] != "ResourceInUseException":
                     raise
@@ -130,30 +138,26 @@ class Dynamo:
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
     # --- submissions and history (bulk, off the hot path) ------------------------
-    def write_bulk(self, submissions: list[dict[str, Any]], tasks: list[dict[str, Any]]) -> None:
+    def write_bulk(self, submissions: list[dict[str, Any]], tasks: list[dict[str, Any]],
+                   expires_at: int | None = None) -> int:
+        """Submission records one item each, finished tasks in history pages. Returns the
+        pages written."""
         with self.submissions.batch_writer(overwrite_by_pkeys=["submission_id"]) as batch:
             for item in submissions:
-                batch.put_item(Item=_dynamo(item))
-        with self.tasks.batch_writer(overwrite_by_pkeys=["task_id"]) as batch:
-            for item in tasks:
-                batch.put_item(Item=_dynamo(item))
+                batch.put_item(Item=_dynamo(item | ({"expires_at": expires_at} if expires_at else {})))
+        return self.history.write(tasks, expires_at) if tasks else 0
 
     def tasks_since(self, owner: str, since: float, limit: int) -> list[dict[str, Any]]:
-        """The owner's finished tasks created at or after `since` (owner-index), newest first."""
-        kwargs: dict[str, Any] = {"IndexName": "owner-index", "ScanIndexForward": False,
-                                  "KeyConditionExpression": Key("owner").eq(owner) & Key("created").gte(Decimal(str(since)))}
-        out: list[dict[str, Any]] = []
-        while len(out) < limit:
-            page = self.tasks.query(Limit=min(1000, limit - len(out)), **kwargs)
-            out.extend(_plain(i) for i in page["Items"])
-            if "LastEvaluatedKey" not in page:
-                break
-            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-        return out
+        """The owner's finished tasks created at or after `since`, newest first."""
+        return self.history.since(owner, since, limit)
 
-    def get_task(self, task_id: str) -> dict[str, Any] | None:
-        item = self.tasks.get_item(Key={"task_id": task_id}).get("Item")
-        return _plain(item) if item else None
+    def get_task(self, owner: str, task_id: str) -> dict[str, Any] | None:
+        """One of the owner's finished tasks (None if not archived, or another owner's)."""
+        return self.history.get(owner, task_id)
+
+    def get_tasks(self, owner: str, task_ids: list[str]) -> dict[str, dict[str, Any]]:
+        """The owner's finished tasks among `task_ids`, by id."""
+        return self.history.get_many(owner, task_ids)
 
     def get_submission(self, submission_id: str) -> dict[str, Any] | None:
         item = self.submissions.get_item(Key={"submission_id": submission_id}).get("Item")

@@ -1,10 +1,12 @@
 """Identifiers: random UUIDs, made in bulk from one read of the OS random source
-(a 10,000-task batch needs 10,000 of them on the hot path)."""
+(a 10,000-task batch needs 10,000 of them on the hot path). Task ids are time-ordered
+(skyfn/protocol/ids.py): the durable history finds a task from the time in its id."""
 from __future__ import annotations
 
 import hashlib
-import os
 import uuid
+
+from skyfn.protocol.ids import time_ms, uuid7s
 
 
 def _as_uuid4s(raw: bytes) -> list[str]:
@@ -20,7 +22,8 @@ def _as_uuid4s(raw: bytes) -> list[str]:
 
 
 def new_ids(n: int) -> list[str]:
-    return _as_uuid4s(os.urandom(16 * n))
+    """Task ids: time-ordered (v7), the time of now."""
+    return uuid7s(n)
 
 
 def new_id() -> str:
@@ -38,5 +41,10 @@ def is_uuid(value: str) -> bool:
 def keyed_ids(owner: str, key: str, n: int, kind: str = "task") -> list[str]:
     """n UUIDs determined by (owner, idempotency key, kind): a retried submission gets the
     same ids as the attempt that may have stored its tasks before failing, so retrying
-    creates nothing twice even when the first attempt never stored its answer."""
-    return _as_uuid4s(hashlib.shake_256(f"{kind}\0{owner}\0{key}".encode()).digest(16 * n))
+    creates nothing twice even when the first attempt never stored its answer. A key that
+    is itself a v7 UUID (the SDK's) gives v7 ids with the key's time; others give v4 ids."""
+    seed = f"{kind}\0{owner}\0{key}".encode()
+    ms = time_ms(key)
+    if ms is not None:
+        return uuid7s(n, ms, hashlib.shake_256(seed).digest(10 * n))
+    return _as_uuid4s(hashlib.shake_256(seed).digest(16 * n))

@@ -54,6 +54,7 @@ from skyfn.executor.channel import ChannelPort
 from skyfn.http import SkyfnAPIError
 from skyfn.protocol.limits import MAX_STATUS_IDS
 from skyfn.protocol import direct as proto
+from skyfn.protocol.ids import uuid7s
 
 log = logging.getLogger("skyfn.executor.direct")
 
@@ -233,7 +234,7 @@ class DirectChannel(threading.Thread):
         if not self._ensure_session({it[1] for it in live}):
             self._to_service(live + self._drain_incoming(), self.why_not or "no direct session")
             return
-        self._send(zmq, [(str(uuid.uuid4()), fut, fid, payload, 0) for fut, fid, payload in live])
+        self._send(zmq, [(tid, fut, fid, payload, 0) for tid, (fut, fid, payload) in zip(uuid7s(len(live)), live)])
 
     def _drain_incoming(self) -> list[tuple]:
         items = []

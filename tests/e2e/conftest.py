@@ -53,13 +53,9 @@ class HotStore:
         self.r = redis.Redis.from_url(url, decode_responses=True)
 
     def consumed(self, task_ids) -> list[str]:
-        """The ids whose result counts as retrieved (marked, purge SKYFN_RESULT_TTL away),
-        not left unread (purge SKYFN_UNRETRIEVED_TTL, 7 days, after it finished)."""
-        import time
-
-        horizon = time.time() + 6 * 86400
-        return [t for t in task_ids if self.r.hget(f"t:{t}", "rt") is not None
-                or (self.r.zscore("purge", t) or 0) < horizon]
+        """The ids whose result counts as retrieved (marked: kept SKYFN_RESULT_TTL once
+        archived), not left unread (kept SKYFN_UNRETRIEVED_TTL, 7 days)."""
+        return [t for t in task_ids if self.r.hget(f"t:{t}", "rt") is not None]
 
 
 @pytest.fixture

@@ -148,8 +148,11 @@ def test_history_items_carry_expires_at_when_a_ttl_is_set(api, monkeypatch):
     tid = s["task_ids"][0]
     apply_pack(ResultPack(endpoint_id=e["endpoint_id"], results=[TaskResult(task_id=tid, state="SUCCEEDED",
                                                                             result="json 3.11\n2")]))
-    assert flush() == {"submissions": 1, "tasks": 1}
-    item = deps.dynamo().get_task(tid)
+    assert flush() == {"taken": 2, "submissions": 1, "tasks": 1, "pages": 1}
+    item = deps.dynamo().get_task("alice", tid)
     sub = deps.dynamo().get_submission(item["submission_id"])
-    for record in (item, sub):
-        assert abs(record["expires_at"] - (time.time() + 30 * 86400)) < 120
+    table = deps.dynamo().history_table
+    stored = table.scan()["Items"]  # the page and the owner's marker of its minute
+    assert sorted(i["k"].split("#")[0] for i in stored) == ["m", "p"]
+    for record in (sub, *stored):
+        assert abs(float(record["expires_at"]) - (time.time() + 30 * 86400)) < 120

@@ -125,20 +125,20 @@ def test_dead_lettered_packs_fail_their_tasks_with_the_reason(api, submitted):
     assert "dead-lettered after" in st["tasks"][ids[0]]["reason"]
 
 
-def test_history_flush_and_purge_keep_final_records_durable(api, submitted, monkeypatch):
+def test_history_flush_archives_then_redis_expires_final_records(api, other_api, submitted):
     from lambdas.core import deps
     from lambdas.history import flush
-    from lambdas.reaper import reap
     from lambdas.results import apply_pack
 
     ep, ids = submitted
     apply_pack(ResultPack(endpoint_id=ep, results=[TaskResult(task_id=t, state="SUCCEEDED", result="json 3.11\n0") for t in ids]))
-    states(api, ids)  # retrieved: purge is scheduled after the TTL
+    states(api, ids)  # retrieved: the records may leave Redis result_ttl later, once archived
+    r = deps.redis_client()
+    assert [r.ttl(f"t:{t}") for t in ids] == [-1] * 4  # not before the durable history has them
     out = flush()
-    assert out == {"submissions": 1, "tasks": 4}
-    deps.redis_client().zadd("purge", {t: 0 for t in ids})  # as if the TTL had passed
-    assert reap()["purged"] == 4
-    assert not deps.redis_client().exists(f"t:{ids[0]}")
+    assert out == {"taken": 5, "submissions": 1, "tasks": 4, "pages": 1}
+    assert all(0 < r.ttl(f"t:{t}") <= 600 for t in ids) and int(r.get("stats:archived")) == 4
+    r.delete(*[f"t:{t}" for t in ids])  # as if their time had come
     status, info = api.call("GET", f"/tasks/{ids[0]}")
     assert status == 200 and info["state"] == "SUCCEEDED"
     assert [e[0] for e in info["events"]][-2:] == ["SUCCEEDED", "STORED"]
@@ -146,17 +146,20 @@ def test_history_flush_and_purge_keep_final_records_durable(api, submitted, monk
     assert {t["state"] for t in st["tasks"].values()} == {"SUCCEEDED"}
     sub = deps.dynamo().get_submission(info["submission_id"])
     assert sub["task_count"] == 4 and sub["owner"] == "alice"
+    code, _ = other_api.call("GET", f"/tasks/{ids[0]}")
+    assert code == 404  # another user's archived task is not theirs to read
 
 
-def test_purge_waits_for_history(api, submitted):
+def test_unarchived_records_never_expire(api, submitted):
+    """A finished, read task keeps its record until the history has it, however long that takes."""
     from lambdas.core import deps
-    from lambdas.reaper import reap
     from lambdas.results import apply_pack
 
     ep, ids = submitted
     apply_pack(ResultPack(endpoint_id=ep, results=[TaskResult(task_id=ids[0], state="SUCCEEDED", result="json 3.11\n0")]))
-    deps.redis_client().zadd("purge", {ids[0]: 0})
-    assert reap()["purged"] == 0 and deps.redis_client().exists(f"t:{ids[0]}")
+    states(api, [ids[0]])
+    r = deps.redis_client()
+    assert r.exists(f"t:{ids[0]}") and r.ttl(f"t:{ids[0]}") == -1 and r.hget(f"t:{ids[0]}", "rt")
 
 
 def test_service_on_sqs_queues(api, monkeypatch, unique):

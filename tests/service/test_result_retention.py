@@ -1,9 +1,9 @@
 """How long results are kept, through the real handlers on a real redis-server and moto:
-a status read that peeks leaves a finished task's result unretrieved (its purge stays
-SKYFN_UNRETRIEVED_TTL after it finished) while a plain read starts the SKYFN_RESULT_TTL
-clock; the real history flush and reaper then purge only the one that was read; a SUCCEEDED
-task read from the history says its result expired (never a silent null), and the SDK
-turns that answer into ResultExpired."""
+a status read that peeks leaves a finished task's result unretrieved while a plain read
+starts the SKYFN_RESULT_TTL clock; once the real history flush has archived them, Redis
+expires the one that was read SKYFN_RESULT_TTL after the read and keeps the others
+SKYFN_UNRETRIEVED_TTL; a SUCCEEDED task read from the history says its result expired
+(never a silent null), and the SDK turns that answer into ResultExpired."""
 from __future__ import annotations
 
 import re
@@ -56,17 +56,17 @@ def status(api, ids, **extra):
 
 
 def kept(task_id):
-    """(retrieved-at mark, purge time) of a task in the hot store."""
+    """(retrieved-at mark, when Redis expires the record: None while it has no expiry)."""
     from lambdas.core import deps
 
     r = deps.redis_client()
-    return r.hget(f"t:{task_id}", "rt"), r.zscore("purge", task_id)
+    at = r.pexpiretime(f"t:{task_id}")
+    return r.hget(f"t:{task_id}", "rt"), (at / 1000 if at > 0 else None)
 
 
-def test_peek_reads_leave_the_purge_clock_alone_and_the_reaper_purges_only_what_was_read(short_ttl, finished):
+def test_peek_reads_leave_the_result_unread_and_only_the_read_one_expires_after_archival(short_ttl, finished):
     from lambdas.core import deps
     from lambdas.history import flush
-    from lambdas.reaper import reap
 
     api = short_ttl
     (peeked, read, untouched), done = finished
@@ -75,20 +75,21 @@ def test_peek_reads_leave_the_purge_clock_alone_and_the_reaper_purges_only_what_
         assert got[peeked]["state"] == "SUCCEEDED" and got[peeked]["result"] == "json 3.11\n1"
     lean = status(api, [peeked], peek=True, results=False, include_events=True)[peeked]
     assert lean["state"] == "SUCCEEDED" and "result" not in lean and lean["events"][-1][0] == "STORED"
-    rt, purge_at = kept(peeked)
-    assert rt is None and purge_at == pytest.approx(done + UNRETRIEVED_TTL, abs=5)
+    assert kept(peeked) == (None, None)
 
     before = time.time()
     assert status(api, [read])[read]["result"] == "json 3.11\n2"
-    rt, purge_at = kept(read)
+    rt, expires = kept(read)
     assert rt is not None and before <= float(rt) <= time.time()
-    assert purge_at == pytest.approx(float(rt) + RESULT_TTL, abs=0.01)
+    assert expires is None  # not archived yet: nothing leaves Redis before the durable history has it
     status(api, [read], peek=True)  # a later peek changes nothing
-    assert kept(read) == (rt, purge_at)
+    assert kept(read) == (rt, None)
 
-    assert flush()["tasks"] == 3  # the durable history first: purge waits for it
+    archived = time.time()
+    assert flush()["tasks"] == 3
+    assert kept(read) == (rt, pytest.approx(float(rt) + RESULT_TTL, abs=0.01))
+    assert kept(peeked) == (None, pytest.approx(archived + UNRETRIEVED_TTL, abs=5))
     time.sleep(RESULT_TTL + 0.2)
-    assert reap()["purged"] == 1
     r = deps.redis_client()
     assert not r.exists(f"t:{read}") and r.exists(f"t:{peeked}") and r.exists(f"t:{untouched}")
 
@@ -108,7 +109,6 @@ def test_peek_reads_leave_the_purge_clock_alone_and_the_reaper_purges_only_what_
 def test_the_sdk_raises_result_expired_on_the_service_answer(short_ttl, finished):
     from lambdas.core import deps
     from lambdas.history import flush
-    from lambdas.reaper import reap
     from skyfn import ResultExpired
     from skyfn.client import task_outcome
 
@@ -117,7 +117,6 @@ def test_the_sdk_raises_result_expired_on_the_service_answer(short_ttl, finished
     status(api, ids)
     flush()
     time.sleep(RESULT_TTL + 0.2)
-    reap()
     assert not deps.redis_client().exists(f"t:{ids[0]}")
     answer = status(api, ids)[ids[0]]
     ok, exc = task_outcome(ids[0], answer)
@@ -145,7 +144,6 @@ def test_failed_tasks_read_from_the_history_are_not_expired_results(short_ttl):
     """Only a success loses something: a failure's error and reason are in the history."""
     from lambdas.core import deps
     from lambdas.history import flush
-    from lambdas.reaper import reap
     from lambdas.results import apply_pack
 
     api = short_ttl
@@ -159,7 +157,6 @@ def test_failed_tasks_read_from_the_history_are_not_expired_results(short_ttl):
     status(api, [tid])
     flush()
     time.sleep(RESULT_TTL + 0.2)
-    reap()
     assert not deps.redis_client().exists(f"t:{tid}")
     got = status(api, [tid])[tid]
     assert got["state"] == "FAILED" and got["reason"] == "the node went away" and "result_expired" not in got
@@ -183,15 +180,15 @@ def _get(api, task_id, query=""):
 
 
 def test_get_task_with_peek_leaves_the_result_past_the_retention_window(short_ttl, finished):
+    from lambdas.core import deps
     from lambdas.history import flush
-    from lambdas.reaper import reap
 
     api = short_ttl
     (peeked, read, defaulted), done = finished
     for _ in range(2):
         code, info = _get(api, peeked, "peek=true")
         assert code == 200 and info["state"] == "SUCCEEDED" and info["result"] == "json 3.11\n1"
-    assert kept(peeked) == (None, pytest.approx(done + UNRETRIEVED_TTL, abs=5))
+    assert kept(peeked) == (None, None)
 
     before = time.time()
     code, info = _get(api, read, "peek=false")
@@ -199,13 +196,15 @@ def test_get_task_with_peek_leaves_the_result_past_the_retention_window(short_tt
     code, info = _get(api, defaulted)  # no peek: a plain read, as before
     assert code == 200 and info["result"] == "json 3.11\n3"
     for task_id in (read, defaulted):
-        rt, purge_at = kept(task_id)
-        assert rt is not None and before <= float(rt) <= time.time()
-        assert purge_at == pytest.approx(float(rt) + RESULT_TTL, abs=0.01)
+        rt, expires = kept(task_id)
+        assert rt is not None and before <= float(rt) <= time.time() and expires is None
 
     assert flush()["tasks"] == 3
+    for task_id in (read, defaulted):
+        rt, expires = kept(task_id)
+        assert expires == pytest.approx(float(rt) + RESULT_TTL, abs=0.01)
     time.sleep(RESULT_TTL + 0.2)  # past the retention window of a read result
-    assert reap()["purged"] == 2
+    assert [deps.redis_client().exists(f"t:{t}") for t in (peeked, read, defaulted)] == [1, 0, 0]
     code, info = _get(api, peeked)
     assert code == 200 and info["result"] == "json 3.11\n1" and "result_expired" not in info
     for task_id in (read, defaulted):

@@ -7,13 +7,16 @@ batch at once, so a batch of 10,000 tasks costs a handful of round trips. Key la
   t:<task>         hash: o owner, f function, e endpoint, sub submission, s state,
                    r retries, mr max retries, c created, ev events
                    ('STATE@ts;' appended), res result, err error, why reason,
-                   rt retrieved at, h 1 once written to the durable history
+                   rt retrieved at, h 1 once written to the durable history; a
+                   final record expires (Redis's own TTL) once archived: result_ttl
+                   after rt, or unretrieved_ttl after archival if never read
   leases           zset task -> lease deadline (DISPATCHED/RUNNING tasks)
-  purge            zset task -> time its record may be dropped from Redis
   done:<owner>     stream of completed task ids, read by long-polling status calls; every
                    script that writes final states adds one entry per owner and returns it
                    (prev, id, ids) as a Notice, which the results push announces
   outbox           list of history records to write to DynamoDB off the hot path
+                   (task ids, 'sub:<json>' submission records); stats:archived counts
+                   the task records archived
   idem:<owner>:<k> cached answer of a submission with an idempotency key
   load:<endpoint>  hash: function tag ('_' untagged) -> tasks queued to or running on the
                    endpoint, not yet final; changed in the same scripts as the states
@@ -30,5 +33,5 @@ Modules, one concern each: rows (what the store returns: TaskRow, Notice, states
 scripts (the Lua scripts of every state change), store (TaskStore: the task records'
 lifecycle, memoization and reads), done (the completion streams done:<owner> that the
 status long-poll and the results push read), idempotency (idem:<owner>:<k>) and outbox
-(the history outbox and the purge of archived records). TaskStore combines them.
+(the history outbox and the expiry of archived records). TaskStore combines them.
 """

@@ -1,6 +1,7 @@
-"""The history outbox of the hot task store and the purge that follows archival: records
-queued for DynamoDB off the hot path (lambdas/history.py drains them in bulk), marked once
-written, and dropped from Redis only after that (purge)."""
+"""The history outbox of the hot task store: records queued for DynamoDB off the hot path
+(lambdas/history.py drains them in bulk), marked archived once written. An archived
+record leaves Redis by its own expiry: result_ttl after it was read, unretrieved_ttl after
+archival if nobody read it (scripts.ARCHIVED, scripts._EXPIRE_READ)."""
 from __future__ import annotations
 
 import time
@@ -9,31 +10,18 @@ from typing import Any, Iterable
 import orjson
 import redis
 
+# What the history keeps of a task record (never its result or payload).
+HISTORY_FIELDS = ("o", "f", "e", "sub", "s", "r", "c", "ev", "why", "err")
+
 
 class HistoryOutbox:
-    """The outbox and purge operations of TaskStore."""
+    """The outbox operations of TaskStore."""
 
     r: redis.Redis
-
-    def purge(self, limit: int = 5000) -> int:
-        """Drop records whose time is up, but only once they are in the durable history."""
-        now = time.time()
-        ids = [i.decode() for i in self.r.zrangebyscore("purge", "-inf", now, start=0, num=limit)]
-        if not ids:
-            return 0
-        pipe = self.r.pipeline(transaction=False)
-        for tid in ids:
-            pipe.hget(f"t:{tid}", "h")
-        flags = pipe.execute()
-        ready = [tid for tid, h in zip(ids, flags) if h is not None]
-        gone = [tid for tid, h in zip(ids, flags) if h is None and not self.r.exists(f"t:{tid}")]
-        pipe = self.r.pipeline(transaction=False)
-        for tid in ready:
-            pipe.delete(f"t:{tid}")
-        if ready or gone:
-            pipe.zrem("purge", *(ready + gone))
-        pipe.execute()
-        return len(ready)
+    result_ttl: float
+    unretrieved_ttl: float
+    _archived: Any
+    _history_read: Any
 
     def outbox_take(self, count: int) -> list[str]:
         items = self.r.lpop("outbox", count)
@@ -44,23 +32,31 @@ class HistoryOutbox:
         if items:
             self.r.lpush("outbox", *reversed(items))
 
+    def outbox_length(self) -> int:
+        return int(self.r.llen("outbox"))
+
     def records(self, task_ids: list[str]) -> list[dict[str, str]]:
-        pipe = self.r.pipeline(transaction=False)
-        for tid in task_ids:
-            pipe.hgetall(f"t:{tid}")
+        """The history fields of these task records (those still in Redis), with 'task_id'."""
+        if not task_ids:
+            return []
         out = []
-        for tid, raw in zip(task_ids, pipe.execute()):
-            rec = {k.decode(): v.decode() for k, v in raw.items()}
-            if rec:
+        for tid, values in zip(task_ids, self._history_read(args=[",".join(HISTORY_FIELDS), *task_ids])):
+            if values[0] is not None:
+                rec = {k: v.decode() for k, v in zip(HISTORY_FIELDS, values) if v is not None}
                 rec["task_id"] = tid
                 out.append(rec)
         return out
 
-    def mark_historized(self, task_ids: list[str]) -> None:
-        pipe = self.r.pipeline(transaction=False)
-        for tid in task_ids:
-            pipe.hset(f"t:{tid}", "h", 1)
-        pipe.execute()
+    def mark_archived(self, task_ids: list[str]) -> int:
+        """Mark records written to the durable history and set their expiry; returns how
+        many were newly marked."""
+        if not task_ids:
+            return 0
+        return int(self._archived(args=[f"{time.time():.6f}", self.result_ttl, self.unretrieved_ttl, *task_ids]))
+
+    def archived_count(self) -> int:
+        """Records archived since the store began (stats:archived)."""
+        return int(self.r.get("stats:archived") or 0)
 
     def enqueue_submission_record(self, record: dict[str, Any]) -> None:
         self.r.rpush("outbox", b"sub:" + orjson.dumps(record))

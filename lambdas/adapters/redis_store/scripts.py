@@ -73,14 +73,13 @@ end
 """
 
 # A final state is written once; duplicates (redelivered packs) are counted and ignored.
-# One HMGET and one HSET per task; the leases, purge, outbox and load updates once per batch.
+# One HMGET and one HSET per task; the leases, outbox and load updates once per batch.
 FINISH = _BULK + _PREV + """
 local rows = cjson.decode(ARGV[1])
 local now = ARGV[2]
 local from = ARGV[4] or ''
-local purge_at = tonumber(now) + tonumber(ARGV[3])
 local done, owners = {}, {}
-local ended, purge, unload = {}, {}, {}
+local ended, unload = {}, {}
 local stored, dup, unknown = 0, 0, 0
 for i, r in ipairs(rows) do
   local key = 't:' .. r[1]
@@ -105,7 +104,6 @@ for i, r in ipairs(rows) do
       per[field] = (per[field] or 0) + 1
     end
     ended[#ended + 1] = r[1]
-    purge[#purge + 1] = purge_at; purge[#purge + 1] = r[1]
     local owner = v[4]
     if r[2] == 'SUCCEEDED' and r[3] ~= cjson.null and ARGV[5] and v[6] then
       redis.call('SET', 'memo:' .. owner .. ':' .. v[6], r[3], 'EX', ARGV[5])
@@ -122,7 +120,6 @@ for ep, per in pairs(unload) do
 end
 if #ended > 0 then
   bulk('ZREM', 'leases', ended, 1)
-  bulk('ZADD', 'purge', purge, 2)
   bulk('RPUSH', 'outbox', ended, 1)
 end
 local notices = {}
@@ -148,7 +145,6 @@ for i, t in ipairs(rows) do
                'c', created, 'res', t[4], 'mk', t[5],
                'ev', 'CREATED@' .. created .. ';MEMO_HIT@' .. now .. ';SUCCEEDED@' .. now .. ';STORED@' .. now .. ';')
     if t[6] and t[6] ~= cjson.null and t[6] ~= '' then redis.call('HSET', key, 'tg', t[6]) end
-    redis.call('ZADD', 'purge', tonumber(now) + tonumber(ARGV[6]), t[1])
     redis.call('RPUSH', 'outbox', t[1])
     redis.call('ZADD', 'recent:' .. owner, created, t[1])
     table.insert(ids, t[1])
@@ -166,16 +162,15 @@ return {0}
 # Results of direct sessions (skyfn.protocol.direct): tasks the service never queued, created
 # here in their final state for the owner of their session record ds:<session>, only if the
 # session is the sending endpoint's and names the function. Create-if-absent: a redelivered
-# pack counts duplicates. Indexed like any finished task (recent:, purge, outbox) but never
+# pack counts duplicates. Indexed like any finished task (recent:, outbox) but never
 # announced on done:<owner>: the SDK has the results already, and an entry nobody pushes
 # would show its connections a gap. The SDK got each result from the agent: it counts as
-# retrieved, purged result_ttl from now.
+# retrieved (rt): once archived, its record expires result_ttl after that.
 DIRECT = _BULK + """
 local rows = cjson.decode(ARGV[1])
 local now, from = ARGV[2], ARGV[4]
-local purge_at = tonumber(now) + tonumber(ARGV[3])
 local sessions, recent, owners = {}, {}, {}
-local ended, purge = {}, {}
+local ended = {}
 local stored, dup, unknown = 0, 0, 0
 for i, r in ipairs(rows) do
   local sk = 'ds:' .. r[2]
@@ -200,17 +195,13 @@ for i, r in ipairs(rows) do
     if r[10] ~= cjson.null then f[#f + 1] = 'se'; f[#f + 1] = r[10] end
     redis.call('HSET', key, unpack(f))
     ended[#ended + 1] = r[1]
-    purge[#purge + 1] = purge_at; purge[#purge + 1] = r[1]
     local per = recent[owner]
     if not per then per = {}; recent[owner] = per; owners[#owners + 1] = owner end
     per[#per + 1] = r[11]; per[#per + 1] = r[1]
     stored = stored + 1
   end
 end
-if #ended > 0 then
-  bulk('ZADD', 'purge', purge, 2)
-  bulk('RPUSH', 'outbox', ended, 1)
-end
+if #ended > 0 then bulk('RPUSH', 'outbox', ended, 1) end
 for _, owner in ipairs(owners) do
   bulk('ZADD', 'recent:' .. owner, recent[owner], 2)
   redis.call('ZREMRANGEBYRANK', 'recent:' .. owner, 0, -(tonumber(ARGV[5]) + 1))
@@ -269,7 +260,6 @@ for i, id in ipairs(ids) do
       redis.call('HSET', key, 's', 'FAILED', 'why', reason,
                  'ev', (redis.call('HGET', key, 'ev') or '') .. 'FAILED@' .. now .. ';')
       unload(key)
-      redis.call('ZADD', 'purge', tonumber(now) + tonumber(ARGV[3]), id)
       redis.call('RPUSH', 'outbox', id)
       local owner = redis.call('HGET', key, 'o')
       if not done[owner] then done[owner], why[owner] = {}, {}; table.insert(owners, owner) end
@@ -304,30 +294,65 @@ redis.call('HSET', key, 's', 'CANCELLED', 'why', ARGV[5],
            'ev', (redis.call('HGET', key, 'ev') or '') .. 'CANCELLED@' .. ARGV[3] .. ';')
 unload(key)
 redis.call('ZREM', 'leases', ARGV[1])
-redis.call('ZADD', 'purge', tonumber(ARGV[3]) + tonumber(ARGV[4]), ARGV[1])
 redis.call('RPUSH', 'outbox', ARGV[1])
 local id = redis.call('XADD', 'done:' .. ARGV[2], 'MAXLEN', '~', 10000, '*', 'ids', ARGV[1])
 redis.call('EXPIRE', 'done:' .. ARGV[2], 86400)
 return {'OK', redis.call('HGET', key, 'e'), _prev(ARGV[2], id), id}
 """
 
-# Results handed over by the push count as read: purged result_ttl from then.
-RETRIEVED = _BULK + """
-local now = ARGV[1]
-local at = tonumber(now) + tonumber(ARGV[2])
-local purge = {}
-for i = 3, #ARGV do
-  redis.call('HSETNX', 't:' .. ARGV[i], 'rt', now)
-  purge[#purge + 1] = at; purge[#purge + 1] = ARGV[i]
+# A record leaves Redis by its own expiry, set once it is both archived (h) and read (rt):
+# result_ttl after the read, or unretrieved_ttl after archival when nobody read it (ARCHIVED).
+_EXPIRE_READ = """
+local function read_now(key, now, ttl_ms)
+  if redis.call('HSETNX', key, 'rt', now) == 1 and redis.call('HEXISTS', key, 'h') == 1 then
+    redis.call('PEXPIRE', key, ttl_ms)
+  end
 end
-bulk('ZADD', 'purge', purge, 2)
+"""
+
+# Results handed over by the push count as read.
+RETRIEVED = _EXPIRE_READ + """
+local now = ARGV[1]
+local ttl_ms = math.floor(tonumber(ARGV[2]) * 1000)
+for i = 3, #ARGV do read_now('t:' .. ARGV[i], now, ttl_ms) end
 return #ARGV - 2
 """
 
-# Status read: owner-checked; final tasks are marked retrieved and scheduled for purge.
-STATUS = """
+# The history fields (ARGV[1], comma-separated) of the task records ARGV[2..]: one command
+# for a whole drain batch instead of one HMGET each (false for a record that is gone).
+HISTORY_READ = """
+local fields = {}
+for f in string.gmatch(ARGV[1], '[^,]+') do fields[#fields + 1] = f end
+local out = {}
+for i = 2, #ARGV do out[i - 1] = redis.call('HMGET', 't:' .. ARGV[i], unpack(fields)) end
+return out
+"""
+
+# Records written to the durable history (lambdas/history.py): marked, counted and given
+# their expiry: result_ttl after their read (already past: gone now), else unretrieved_ttl.
+ARCHIVED = """
+local now, ttl, unread = tonumber(ARGV[1]), tonumber(ARGV[2]), math.floor(tonumber(ARGV[3]) * 1000)
+local n = 0
+for i = 4, #ARGV do
+  local key = 't:' .. ARGV[i]
+  if redis.call('EXISTS', key) == 1 and redis.call('HSET', key, 'h', 1) == 1 then
+    n = n + 1
+    local rt = redis.call('HGET', key, 'rt')
+    if rt then
+      redis.call('PEXPIREAT', key, math.floor((tonumber(rt) + ttl) * 1000))
+    else
+      redis.call('PEXPIRE', key, unread)
+    end
+  end
+end
+redis.call('INCRBY', 'stats:archived', n)
+return n
+"""
+
+# Status read: owner-checked; final tasks are marked retrieved (their expiry: _EXPIRE_READ).
+STATUS = _EXPIRE_READ + """
 local ids = cjson.decode(ARGV[1])
-local owner, now, ttl, with_events = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5] == '1'
+local owner, now, ttl_ms, with_events = ARGV[2], ARGV[3], math.floor(tonumber(ARGV[4]) * 1000), ARGV[5] == '1'
 local out = {}
 for i, id in ipairs(ids) do
   local key = 't:' .. id
@@ -337,9 +362,7 @@ for i, id in ipairs(ids) do
   else
     local s = v[2]
     if s == 'SUCCEEDED' or s == 'FAILED' or s == 'TIMED_OUT' or s == 'CANCELLED' then
-      if ARGV[6] == '1' and redis.call('HSETNX', key, 'rt', now) == 1 then
-        redis.call('ZADD', 'purge', now + ttl, id)
-      end
+      if ARGV[6] == '1' then read_now(key, now, ttl_ms) end
     end
     if not with_events then v[7] = false end
     out[i] = {s, v[3] or false, v[4] or false, v[5] or false, v[6] or '0', v[7] or false, v[8] or false, v[9] or false}

@@ -14,8 +14,8 @@ from lambdas.adapters.redis_store.done import DoneStreams
 from lambdas.adapters.redis_store.idempotency import IdempotencyKeys
 from lambdas.adapters.redis_store.outbox import HistoryOutbox
 from lambdas.adapters.redis_store.rows import CANCEL_REASON, RECENT_MAX, Notice, TaskRow, decoded
-from lambdas.adapters.redis_store.scripts import (CANCEL, CREATE, DIRECT, EXPIRE, FINISH, MEMO_HIT, PROGRESS,
-                                                  RETRIEVED, STATUS)
+from lambdas.adapters.redis_store.scripts import (ARCHIVED, CANCEL, CREATE, DIRECT, EXPIRE, FINISH,
+                                                  HISTORY_READ, MEMO_HIT, PROGRESS, RETRIEVED, STATUS)
 from skyfn.protocol.queues.redis_streams import SOCKET_TIMEOUT_S
 from skyfn.protocol.states import parse_events
 
@@ -38,6 +38,8 @@ class TaskStore(IdempotencyKeys, DoneStreams, HistoryOutbox):
         self._status = client.register_script(STATUS)
         self._retrieved = client.register_script(RETRIEVED)
         self._direct = client.register_script(DIRECT)
+        self._archived = client.register_script(ARCHIVED)
+        self._history_read = client.register_script(HISTORY_READ)
 
     @classmethod
     def from_url(cls, url: str, **kw: Any) -> "TaskStore":
@@ -124,7 +126,7 @@ class TaskStore(IdempotencyKeys, DoneStreams, HistoryOutbox):
         return int(stored), int(dup), int(unknown)
 
     def mark_retrieved(self, task_ids: list[str]) -> None:
-        """Results handed to their owner by the push: purged result_ttl from now, as if read."""
+        """Results handed to their owner by the push: read now (they expire result_ttl later)."""
         if not task_ids:
             return
         self._retrieved(args=[f"{time.time():.6f}", self.result_ttl, *task_ids])

@@ -22,7 +22,7 @@ def task_record(user: str, task_id: str) -> dict[str, Any]:
                 "function_id": rec.get("f", ""), "submission_id": rec.get("sub", ""), "state": rec["s"],
                 "retries": int(rec.get("r", 0)), "reason": rec.get("why"), "created": float(rec["c"]),
                 "events": parse_events(rec.get("ev"))}
-    hist = deps.dynamo().get_task(task_id) if is_uuid(task_id) else None
+    hist = deps.dynamo().get_task(user, task_id) if is_uuid(task_id) else None
     if not hist or hist.get("owner") != user:
         raise NotFound(f"task {task_id} not found")
     return {"task_id": task_id, "submitter": hist["owner"], "endpoint_id": hist.get("endpoint_id", ""),

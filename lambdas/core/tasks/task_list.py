@@ -16,7 +16,7 @@ from lambdas.core import deps
 from skyfn.protocol.states import parse_events
 
 MAX_LIST = 20_000  # one answer stays well under API Gateway's 10 MB / Lambda's 6 MB
-HISTORY_LOOKUPS = 2_000  # purged tasks read back one by one from the history per call
+HISTORY_LOOKUPS = 2_000  # purged tasks read back from the history per call
 HISTORY_STATES_FINAL = frozenset({"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED"})
 
 
@@ -43,7 +43,7 @@ def list_tasks(owner: str, since: float, endpoint_id: str | None = None, limit: 
         if complete_from is None or complete_from > since:  # the index may not reach back to since
             cold = deps.dynamo().tasks_since(owner, since, limit)
         elif purged:
-            cold = [i for i in (deps.dynamo().get_task(tid) for tid in purged[:HISTORY_LOOKUPS]) if i]
+            cold = list(deps.dynamo().get_tasks(owner, purged[:HISTORY_LOOKUPS]).values())
         for item in cold:
             if (item.get("owner") == owner and item.get("task_id") not in tasks
                     and item.get("state") in HISTORY_STATES_FINAL):

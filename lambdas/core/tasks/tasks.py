@@ -22,7 +22,7 @@ from lambdas.adapters.redis_store.rows import TaskRow
 from lambdas.config import settings
 from lambdas.core import deps
 from lambdas.core.identity import allowlist, lanes, submitters
-from lambdas.core.tasks import blobs, groups, idempotency, memo, push, registry
+from lambdas.core.tasks import backlog, blobs, groups, idempotency, memo, push, registry
 from lambdas.core.errors import Conflict, NotFound, ServiceError, Unavailable
 from lambdas.core.ids import is_uuid, keyed_ids, new_id, new_ids
 from skyfn.protocol.api import SubmitTasks, TaskInfo, TaskStatus
@@ -66,6 +66,7 @@ def submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None,
     def busy() -> Unavailable:
         return Unavailable(f"a request with idempotency key {key!r} is still being processed: retry it in a moment")
 
+    backlog.check()  # 429 backlog while the archiver is behind: before anything is stored or claimed
     return idempotency.submit_once(owner, key, lambda: _submit(owner, req, task_ids, submitter), busy=busy,
                                    claim_seconds=CLAIM_SECONDS, check=same_size)
 
@@ -323,11 +324,9 @@ def status(owner: str, task_ids: list[str], wait: float, include_events: bool,
 
 def _from_history(owner: str, rows: dict[str, Any], include_events: bool) -> list[str]:
     """Fill in tasks purged from the hot store from the durable history; return the rest."""
-    unknown = [tid for tid, row in rows.items() if row is None]
-    for tid in unknown[:HISTORY_LOOKUPS]:
-        hist = deps.dynamo().get_task(tid) if is_uuid(tid) else None
-        if hist and hist.get("owner") == owner:
-            rows[tid] = _history_row(hist, include_events)
+    unknown = [tid for tid, row in rows.items() if row is None and is_uuid(tid)]
+    for tid, hist in deps.dynamo().get_tasks(owner, unknown[:HISTORY_LOOKUPS]).items():
+        rows[tid] = _history_row(hist, include_events)
     return [tid for tid, row in rows.items() if row is None]
 
 
@@ -344,8 +343,8 @@ def get(owner: str, task_id: str, peek: bool = False) -> TaskInfo:
     store = deps.store()
     rec = store.record(task_id)
     if not rec or rec.get("o") != owner:
-        hist = deps.dynamo().get_task(task_id) if is_uuid(task_id) else None
-        if not hist or hist.get("owner") != owner:
+        hist = deps.dynamo().get_task(owner, task_id) if is_uuid(task_id) else None
+        if not hist:
             raise NotFound(f"task {task_id} not found")
         row = _history_row(hist, True)
         return TaskInfo(task_id=task_id, state=hist["state"], error=hist.get("error"), reason=hist.get("reason"),
