@@ -62,7 +62,9 @@ def reap() -> dict[str, int]:
     lanes_of = lanes.watched(endpoint_ids) if lanes.enabled() else {}
     for endpoint_id in endpoint_ids:
         dead += fail_dead_letters(endpoint_id, lanes_of.get(endpoint_id, []))
-    report = {"offline": len(offline), "requeued": requeued, "lease_failed": failed, "dead_lettered": dead}
+    legacy = store.expire_legacy_purge_index()
+    report = {"offline": len(offline), "requeued": requeued, "lease_failed": failed, "dead_lettered": dead,
+              "legacy_purge_index": legacy}
     if any(report.values()):
         logger.info("reaped", extra=report)
     return report

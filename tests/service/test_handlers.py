@@ -222,3 +222,19 @@ def test_cancel_notifies_the_agent_on_its_control_queue(api, submitted):
     control = open_queue(reg["control_queue"], consumer="agent")
     msgs = control.receive(10, 1)
     assert [ControlMessage.model_validate_json(m.body).cancel for m in msgs] == [[ids[3]]]
+
+
+def test_a_store_from_before_record_expiry_gets_its_purge_index_turned_into_expiries(api, submitted):
+    """Records a store of an earlier build listed in its `purge` zset: the archived ones get
+    that time as their expiry, the unarchived ones wait for the drain; the zset goes."""
+    from lambdas.core import deps
+    from lambdas.reaper import reap
+
+    _, ids = submitted
+    r = deps.redis_client()
+    r.hset(f"t:{ids[0]}", "h", 1)
+    at = time.time() + 300
+    r.zadd("purge", {ids[0]: at, ids[1]: at})
+    assert reap()["legacy_purge_index"] == 2
+    assert not r.exists("purge")
+    assert r.pexpiretime(f"t:{ids[0]}") == int(at * 1000) and r.ttl(f"t:{ids[1]}") == -1

@@ -58,5 +58,24 @@ class HistoryOutbox:
         """Records archived since the store began (stats:archived)."""
         return int(self.r.get("stats:archived") or 0)
 
+    def expire_legacy_purge_index(self, limit: int = 5000) -> int:
+        """Stores written before records expired by themselves listed them in a `purge` zset
+        (task -> time it may go, once archived): give those records that expiry and drop
+        the index, a slice per call. Returns how many entries were taken off it."""
+        entries = self.r.zrange("purge", 0, limit - 1, withscores=True)
+        if not entries:
+            return 0
+        pipe = self.r.pipeline(transaction=False)
+        for tid, at in entries:
+            pipe.hexists(f"t:{tid.decode()}", "h")
+        archived = pipe.execute()
+        pipe = self.r.pipeline(transaction=False)
+        for (tid, at), h in zip(entries, archived):
+            if h:  # not yet archived: the drain gives it its expiry when it archives it
+                pipe.pexpireat(f"t:{tid.decode()}", int(at * 1000))
+        pipe.zrem("purge", *(tid for tid, _ in entries))
+        pipe.execute()
+        return len(entries)
+
     def enqueue_submission_record(self, record: dict[str, Any]) -> None:
         self.r.rpush("outbox", b"sub:" + orjson.dumps(record))
