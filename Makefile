@@ -52,6 +52,16 @@ bench-rtt-floor: bench-deps
 bench-warming: install
 	$(PY) -m benchmarks.warming --json
 
+# issue 24: sustained load, 5,000 no-op tasks/s for 10 minutes on the embedded runtime, results
+# read as they come; Redis memory, outbox, retirement and a probe's round trip sampled
+# (benchmarks/soak.py; ~13 minutes). Records retire result_ttl after they were read: 60 s here,
+# so the last 5 minutes show the steady state. SOAK_ARGS adds options, e.g.
+# `make soak SOAK_ARGS="--rate 10000"` (backpressure) or SOAK_ARGS="--kill-redis-at 300".
+.PHONY: soak
+SOAK_ARGS ?=
+soak: install
+	$(PY) benchmarks/soak.py --json --rate 5000 --minutes 10 --result-ttl 60 $(SOAK_ARGS)
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
 

@@ -10,11 +10,20 @@ not restated: Lambda memory and architecture (infra/aws/config.py), tasks per SQ
 (skyfn.protocol.messages.PACK_MAX_TASKS / PACK_MAX_BYTES), messages per SQS request and
 its byte limit (skyfn.protocol.queues.sqs), results per result message
 (endpoint_agent.config result_batch) and flush period, results per Lambda batch
-(RESULTS_BATCH_SIZE), history writes per flush (lambdas/config.py), tasks per fan-out
-chunk (lambdas.core.runs.batches.CHUNK_TASKS) and the states of batch_fanout.asl.json. What is
+(RESULTS_BATCH_SIZE), the history drain's batch, drainers, memory and measured batch time
+and a page's bytes per task (infra/aws/sizing.py), tasks per page
+(lambdas/adapters/history_pages.py), tasks per fan-out chunk
+(lambdas.core.runs.batches.CHUNK_TASKS) and the states of batch_fanout.asl.json. What is
 assumed (no AWS account here: durations, sizes, poll counts) is in ASSUMPTIONS, printed
-with the result. Fixed monthly costs (NAT gateway, Redis nodes, endpoints, NLB, Fargate)
-are reported apart; ElastiCache is also amortized per task at a stated throughput.
+with the result. Fixed monthly costs (NAT gateway, Redis nodes, endpoints, NLB, Fargate,
+the drainers' idle invocations) are reported apart; ElastiCache is also amortized per
+task at a stated throughput.
+
+The durable history (issue 24) is written in pages: one DynamoDB item per owner, second
+of task ids and drain batch, its tasks zlib-compressed, so a task costs its share of a
+page's write units instead of two (its item and the owner-index entry); Redis expires the
+records, so the reaper no longer purges. `--json` also holds the archive's cost before
+(`archive="items"`) and after (`"pages"`) per scenario.
 """
 from __future__ import annotations
 
@@ -27,8 +36,10 @@ from pathlib import Path
 import yaml
 
 from endpoint_agent.config import EndpointConfig
+from infra.aws import sizing
 from infra.aws.config import (ARCHITECTURE, AVAILABILITY_ZONES, FUNCTIONS, INTERFACE_ENDPOINTS, RESULTS_BATCH_SIZE,
                               DeployConfig)
+from lambdas.adapters.history_pages import PAGE_TASKS
 from lambdas.core.runs.batches import CHUNK_TASKS
 from skyfn.protocol.messages import PACK_MAX_BYTES, PACK_MAX_TASKS
 from skyfn.protocol.queues.sqs import BATCH_BYTES as SQS_BATCH_BYTES
@@ -57,7 +68,10 @@ class Assumptions:
     status_polls_batch: int = 2         # cursor polls per request (partial, then the rest)
     results_ms: float = 15.0            # one results-Lambda invocation, plus ...
     results_ms_per_result: float = 0.03
-    history_ms_per_flush: float = 300.0
+    history_ms_per_flush: float = 300.0  # before issue 24: one flush of ITEMS_BATCH task items
+    history_seconds_per_batch: float = sizing.SECONDS_PER_BATCH   # PLACEHOLDER: measured per 2,000-task batch
+    history_page_bytes_per_task: float = sizing.PAGE_BYTES_PER_TASK  # PLACEHOLDER: compressed, in a page
+    history_invocation_ms: float = 100.0  # a drainer's fixed part: start, an empty LPOP, the backlog metrics
     route_chunk_ms: float = 200.0       # fan-out step per chunk (S3 read, routing, enqueue)
     route_chunk_ms_per_task: float = 0.1
     batch_progress_ms: float = 50.0
@@ -68,6 +82,12 @@ class Assumptions:
 
 ASSUMPTIONS = Assumptions()
 SCENARIOS = {"single": 1, "batch": 1_000, "fanout": 10_000}
+ARCHIVES = ("items", "pages")
+# The history path before issue 24: one item per task in <prefix>-tasks plus its owner-index
+# entry (2 write units), flushes of 500 items once a minute by a 512 MB function.
+ITEMS_WRITE_UNITS_PER_TASK = 2
+ITEMS_BATCH = 500
+ITEMS_MEMORY_MB = 512
 
 
 def load_prices(path: Path = PRICES) -> dict:
@@ -133,8 +153,39 @@ def lambda_cost(invocations: float, ms_each: float, memory_mb: int, p: dict) -> 
     return gb_s * p["lambda_arm64_per_gb_second"] + invocations / 1e6 * p["lambda_requests_per_million"]
 
 
-def scenario(total: int, per_request: int, prices: dict, a: Assumptions = ASSUMPTIONS) -> dict[str, float]:
-    """USD for `total` tasks submitted `per_request` at a time; one component per service."""
+def tasks_per_page(a: Assumptions = ASSUMPTIONS) -> int:
+    """Tasks in one history page: a page holds one owner's tasks of one second of task ids
+    (its bucket) taken in one drain batch, at most PAGE_TASKS; the scenarios are one owner
+    submitting at `throughput_tasks_per_s`."""
+    return max(1, min(PAGE_TASKS, sizing.HISTORY_BATCH, int(a.throughput_tasks_per_s * sizing.PAGE_BUCKET_S)))
+
+
+def history_cost(total: int, requests: int, p: dict, a: Assumptions = ASSUMPTIONS,
+            archive: str = "pages") -> tuple[float, float]:
+    """(USD of the history function, DynamoDB write request units) to archive `total` tasks
+    of `requests` submission records (one item, one unit each, either way).
+
+    pages (issue 24): a task's share of its page's units (and of the page's marker); the
+    drainers' billed time is the measured batch time per task plus each invocation's fixed
+    part, DeployConfig.history_drainers invocations a minute while tasks arrive.
+    items (before): two units per task (item + owner-index), one flush per ITEMS_BATCH."""
+    if archive == "items":
+        usd = lambda_cost(math.ceil(total / ITEMS_BATCH), a.history_ms_per_flush, ITEMS_MEMORY_MB, p)
+        return usd, total * ITEMS_WRITE_UNITS_PER_TASK + requests
+    if archive != "pages":
+        raise ValueError(f"archive={archive!r}: one of {ARCHIVES}")
+    minutes = math.ceil(total / a.throughput_tasks_per_s / sizing.SCHEDULE_PERIOD_S)
+    invocations = DeployConfig().history_drainers * max(1, minutes)
+    busy_ms = total * a.history_seconds_per_batch / sizing.HISTORY_BATCH * 1000 + invocations * a.history_invocation_ms
+    usd = lambda_cost(invocations, busy_ms / invocations, FUNCTIONS["history"].memory_mb, p)
+    units = total * sizing.write_units_per_task(tasks_per_page(a), a.history_page_bytes_per_task)
+    return usd, units + requests
+
+
+def scenario(total: int, per_request: int, prices: dict, a: Assumptions = ASSUMPTIONS,
+             archive: str = "pages") -> dict[str, float]:
+    """USD for `total` tasks submitted `per_request` at a time; one component per service.
+    `archive`: the durable history as pages (now) or one item per task (before issue 24)."""
     p = prices["prices"]
     requests = math.ceil(total / per_request)
     single = per_request == 1
@@ -164,8 +215,7 @@ def scenario(total: int, per_request: int, prices: dict, a: Assumptions = ASSUMP
                          + lambda_cost(requests * polls, status_ms, mem["api"], p))
     out["lambda_results"] = lambda_cost(results_invocations, a.results_ms + a.results_ms_per_result
                                         * per_result_pack * RESULTS_BATCH_SIZE, mem["results"], p)
-    history_batch = _history_batch()
-    out["lambda_history"] = lambda_cost(math.ceil(total / history_batch), a.history_ms_per_flush, mem["history"], p)
+    out["lambda_history"], history_writes = history_cost(total, requests, p, a, archive)
 
     send = requests * sqs_requests(packs)                       # service -> task queue, per request
     # The agent long-polls a backlog: up to 10 packs per receive, whichever request sent them.
@@ -177,8 +227,7 @@ def scenario(total: int, per_request: int, prices: dict, a: Assumptions = ASSUMP
     sqs_total = send + receive + delete + results_send + results_receive + results_delete
     out["sqs"] = sqs_total / 1e6 * p["sqs_standard_per_million_requests"]
 
-    # History: one item per task and one per submission, each under 1 KB (1 WRU).
-    out["dynamodb"] = (total + requests) / 1e6 * p["dynamodb_on_demand_per_million_writes"]
+    out["dynamodb"] = history_writes / 1e6 * p["dynamodb_on_demand_per_million_writes"]
 
     node_hours = (1 + DeployConfig.redis_replicas) * total / a.throughput_tasks_per_s / 3600
     out["elasticache"] = node_hours * p["elasticache_node_hour"][DeployConfig.redis_node_type]
@@ -205,12 +254,6 @@ def scenario(total: int, per_request: int, prices: dict, a: Assumptions = ASSUMP
     return {k: round(v, 4) for k, v in out.items()}
 
 
-def _history_batch() -> int:
-    from lambdas.config import settings
-
-    return settings().history_batch
-
-
 def fixed_monthly(prices: dict) -> dict[str, float]:
     """Always-on resources of one stage, per month (independent of the task count)."""
     p, c = prices["prices"], DeployConfig()
@@ -222,9 +265,35 @@ def fixed_monthly(prices: dict) -> dict[str, float]:
         "nlb": HOURS_PER_MONTH * p["nlb_hour"],
         "fargate_rendezvous": HOURS_PER_MONTH * (c.rendezvous_cpu / 1024 * p["fargate_vcpu_hour"]
                                                  + c.rendezvous_memory_mb / 1024 * p["fargate_gb_hour"]),
+        # the history rule starts its drainers every minute, work or not
+        "history_drainers_idle": lambda_cost(c.history_drainers * HOURS_PER_MONTH * 3600 / sizing.SCHEDULE_PERIOD_S,
+                                             ASSUMPTIONS.history_invocation_ms, FUNCTIONS["history"].memory_mb, p),
     }
     out["total"] = sum(out.values())
     return {k: round(v, 2) for k, v in out.items()}
+
+
+def archive_summary(total: int, prices: dict, after: dict[str, dict[str, float]] | None = None,
+                    a: Assumptions = ASSUMPTIONS) -> dict:
+    """The durable history's cost before (task items) and after (pages) issue 24, per
+    scenario (history = the history function + DynamoDB), and the drainers' capacity."""
+    after = after or {n: scenario(total, k, prices, a) for n, k in SCENARIOS.items()}
+    before = {n: scenario(total, k, prices, a, archive="items") for n, k in SCENARIOS.items()}
+
+    def part(r: dict[str, float]) -> dict[str, float]:
+        return {"lambda_history": r["lambda_history"], "dynamodb": r["dynamodb"],
+                "history": round(r["lambda_history"] + r["dynamodb"], 4), "total": r["total"]}
+
+    drainers = DeployConfig().history_drainers
+    return {
+        "tasks_per_page": tasks_per_page(a),
+        "write_units_per_task": round(sizing.write_units_per_task(tasks_per_page(a), a.history_page_bytes_per_task), 6),
+        "before": {n: part(r) for n, r in before.items()},
+        "after": {n: part(r) for n, r in after.items()},
+        "capacity": {"drainers": drainers, "batch": sizing.HISTORY_BATCH,
+                     "seconds_per_batch": a.history_seconds_per_batch, "duty_cycle": round(sizing.duty_cycle(), 4),
+                     "tasks_per_s": round(sizing.drain_capacity(drainers, seconds_per_batch=a.history_seconds_per_batch))},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,12 +318,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'per task':<16}" + "".join(f"{results[n]['total'] / args.tasks:>22.8f}" for n in SCENARIOS))
     print(f"fixed monthly (always on): " + ", ".join(f"{k} {v:.2f}" for k, v in fixed.items()))
     print("assumptions: " + ", ".join(f"{k}={v}" for k, v in asdict(ASSUMPTIONS).items()))
+    archive = archive_summary(args.tasks, prices, results)
+    print(f"durable history (issue 24), USD per {args.tasks:,} tasks, before (task item + owner-index, "
+          f"{ITEMS_WRITE_UNITS_PER_TASK} WRU/task) -> after (pages of {archive['tasks_per_page']:,}, "
+          f"{archive['write_units_per_task']:.4f} WRU/task):")
+    for n in SCENARIOS:
+        b, a = archive["before"][n], archive["after"][n]
+        print(f"  {n:<8} history {b['history']:.4f} -> {a['history']:.4f}   total {b['total']:.4f} -> {a['total']:.4f}")
+    c = archive["capacity"]
+    print(f"archive capacity: {c['drainers']} drainers x {c['batch']:,} tasks / {c['seconds_per_batch']} s "
+          f"x duty {c['duty_cycle']:.3f} = {c['tasks_per_s']:,.0f} tasks/s (batch time and page bytes: placeholders "
+          "in infra/aws/sizing.py until measured)")
     if args.json:
         print(json.dumps({"tasks": args.tasks, "region": prices["region"], "prices_date": prices["date"],
                           "lambda_architecture": ARCHITECTURE,
                           "lambda_memory_mb": {k: s.memory_mb for k, s in FUNCTIONS.items()},
                           "tasks_per_request": SCENARIOS, "scenarios": results, "fixed_monthly": fixed,
-                          "assumptions": asdict(ASSUMPTIONS)}))
+                          "archive": archive, "assumptions": asdict(ASSUMPTIONS)}))
     return 0
 
 

@@ -28,7 +28,7 @@ from lambdas.core.identity import submitters  # the submitter's identity claims 
 from lambdas.config import settings
 from lambdas.core.tasks import registry, sessions, tasks
 from lambdas.core.runs import batches, flows, runs
-from lambdas.core.errors import Forbidden, ServiceError, TooLarge
+from lambdas.core.errors import Backlogged, Forbidden, ServiceError, TooLarge
 from lambdas.core.identity import lanes  # lanes of multi-user endpoints
 from skyfn.protocol.api import (
     MAX_REQUEST_BYTES,
@@ -69,15 +69,17 @@ PUBLIC_PATHS = {"/openapi.json"}
 IdPath = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9-]+$")]
 
 
-def _json(status: int, body: object) -> Response:
-    return Response(status_code=status, content_type="application/json", body=orjson.dumps(body).decode())
+def _json(status: int, body: object, headers: Optional[dict[str, str]] = None) -> Response:
+    return Response(status_code=status, content_type="application/json", body=orjson.dumps(body).decode(),
+                    headers=headers or None)
 
 
-def _error(status: int, code: str, message: str, details: object = None) -> Response:
+def _error(status: int, code: str, message: str, details: object = None,
+           headers: Optional[dict[str, str]] = None) -> Response:
     body = {"error": code, "message": message}
     if details is not None:
         body["details"] = details
-    return _json(status, body)
+    return _json(status, body, headers)
 
 
 def _errors(*codes: int) -> dict:
@@ -130,7 +132,7 @@ def _unauthorized(exc: Unauthorized) -> Response:
 
 @app.exception_handler(ServiceError)
 def _service_error(exc: ServiceError) -> Response:
-    return _error(exc.status, exc.code, exc.message, exc.details)
+    return _error(exc.status, exc.code, exc.message, exc.details, exc.headers)  # e.g. 429 backlog's Retry-After
 
 
 @app.exception_handler(RequestValidationError)
@@ -149,6 +151,15 @@ def _invalid(exc: RequestValidationError) -> Response:
 def _store_down(exc: Exception) -> Response:
     logger.warning("hot store unreachable", exc_info=exc)
     return _error(503, "unavailable", "the task store is unreachable; retry shortly")
+
+
+@app.exception_handler(redis.exceptions.OutOfMemoryError)
+def _store_full(exc: Exception) -> Response:
+    # maxmemory reached (noeviction: infra/hot_store.py) between two readings of the backlog gauge
+    logger.warning("hot store full", exc_info=exc)
+    return _error(429, Backlogged.code, "the task store is full (Redis maxmemory): it takes new work again once the "
+                  "history drain has archived and expired finished tasks; retry after 5 s (the skyfn SDK waits and "
+                  "retries by itself)", headers={"Retry-After": "5"})
 
 
 @app.not_found
@@ -242,10 +253,11 @@ def close_lane(endpoint_id: IdPath, lane: LanePath):
 
 # --- tasks -------------------------------------------------------------------------
 @app.post("/tasks", responses={**_ok(202, Submitted), **_ok(200, Submitted),
-                                **_errors(400, 401, 403, 404, 409, 413, 422)})
+                                **_errors(400, 401, 403, 404, 409, 413, 422, 429)})
 def submit_tasks(body: Annotated[SubmitTasks, Body()]):
     """Submit one task or a batch; `user_config` (optional) goes with the tasks to their endpoint,
-    as does the caller's identity (400 invalid_user_config when it is not a small JSON object)."""
+    as does the caller's identity (400 invalid_user_config when it is not a small JSON object).
+    429 backlog with Retry-After while the hot store's backlog is over its bound: nothing is stored."""
     answer, replayed = tasks.submit(_user(), body, submitter=_claims())
     metrics.add_metric(name="TasksSubmitted", unit=MetricUnit.Count, value=0 if replayed else len(body.tasks))
     return _json(200 if replayed else 202, answer)
@@ -294,7 +306,7 @@ def get_endpoint_group(group_id: IdPath):
 
 # --- runs: batches, flows, SPMD groups (Step Functions; docs/runs.md) --------------
 @app.post("/batches", responses={**_ok(202, BatchSubmitted), **_ok(200, BatchSubmitted),
-                                 **_errors(401, 403, 404, 409, 413, 422, 503)})
+                                 **_errors(401, 403, 404, 409, 413, 422, 429, 503)})
 def submit_batch(body: Annotated[SubmitBatch, Body()]):
     _remember_claims()  # its chunks are submitted later, without a token
     answer, replayed = batches.submit(_user(), body)

@@ -9,7 +9,10 @@ a retried submission is replayed by the service instead of creating tasks twice.
 By default transient failures are retried for up to ``retry_seconds`` (60 s): long enough
 to ride through a restart of the service or of its Redis, so a client never turns an
 outage of a few seconds into failed tasks. An explicit ``retries`` count bounds the
-attempts instead (``retries=2`` gives up after three).
+attempts instead (``retries=2`` gives up after three). A 429 ``backlog`` answer (the
+service is reachable and has taken more than it has yet archived: docs/contracts.md) is
+waited out for up to ``backlog_seconds`` (an hour) as the service's Retry-After asks,
+each such answer renewing the ``retry_seconds`` window.
 
 urllib3 rather than a ``requests.Session``: requests re-reads the environment (proxies,
 CA bundle, netrc) and runs its hooks on every call, about half a millisecond each on the
@@ -92,11 +95,13 @@ class HttpClient:
         max_backoff: float = 2.0,
         pool_size: int = 16,
         retry_seconds: float = 60.0,
+        backlog_seconds: float = 3600.0,
     ):
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.retries = None if retries is None else max(0, int(retries))
         self.retry_seconds = max(0.0, float(retry_seconds))
+        self.backlog_seconds = max(0.0, float(backlog_seconds))
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json",
@@ -145,7 +150,8 @@ class HttpClient:
         data = orjson.dumps(body) if body is not None else None
         count = self.retries if retries is None else retries
         attempts = 1 + (count if count is not None else 1 << 30) if retry else 1
-        give_up = time.monotonic() + (self.retry_seconds if count is None else float("inf"))
+        started = time.monotonic()
+        give_up = started + (self.retry_seconds if count is None else float("inf"))
         delay = self.backoff
         read_timeout = self.timeout if timeout is None else timeout
         limits = urllib3.Timeout(connect=CONNECT_TIMEOUT, read=read_timeout)
@@ -171,6 +177,8 @@ class HttpClient:
                     raise err
                 last = err
                 wait_hint = resp.headers.get("Retry-After")
+                if err.code == "backlog" and count is None:
+                    give_up = max(give_up, min(time.monotonic() + self.retry_seconds, started + self.backlog_seconds))
             if attempt + 1 >= attempts or time.monotonic() >= give_up:
                 break
             pause = delay * (0.5 + random.random())

@@ -40,9 +40,13 @@ FUNCTIONS: dict[str, FunctionSpec] = {spec.key: spec for spec in (
                  "Applies ResultPacks from the results queue to the hot store"),
     # Scheduled singletons: two overlapping runs would only repeat work.
     FunctionSpec("reaper", "lambdas.reaper.handler", 512, 240, 1,
-                 "Offline endpoints, expired leases, dead letters, result purge"),
-    FunctionSpec("history", "lambdas.history.handler", 512, 240, 1,
-                 "Drains the hot store's outbox into DynamoDB in bulk"),
+                 "Offline endpoints, expired leases, dead letters"),
+    # History drainers (issue 24): DeployConfig.history_drainers invocations a minute, each
+    # draining for up to timeout - SKYFN_HISTORY_DRAIN_MARGIN_S; 1024 MB for the CPU that
+    # zlib needs (Lambda's CPU scales with memory). Reserved concurrency: 2 x drainers, set
+    # by the service stack (infra/aws/sizing.py has the arithmetic).
+    FunctionSpec("history", "lambdas.history.handler", 1024, 60, None,
+                 "Drains the hot store's outbox into DynamoDB history pages, in batches"),
 )}
 AUTHORIZER = FunctionSpec("authorizer", "lambdas.authorizer.handler", 256, 10, None,
                           "API Gateway token authorizer for Globus Auth JWTs")
@@ -77,6 +81,9 @@ UI = FunctionSpec("ui", "lambdas.ui.handler", 256, 10, 5,
 INTERFACE_ENDPOINTS = ("sqs", "secretsmanager", "sts", "logs", "states")
 AVAILABILITY_ZONES = 2
 
+# EventBridge allows at most 5 targets per rule: the history rule has one per drainer.
+EVENTBRIDGE_MAX_TARGETS = 5
+
 # Results-queue event source: packs per invocation and how long to gather them.
 RESULTS_BATCH_SIZE = 10
 RESULTS_BATCH_WINDOW_S = 1
@@ -107,16 +114,33 @@ class DeployConfig:
     api_burst_limit: int = 2000
     log_retention_days: int = 30
     history_ttl_days: int = 365       # durable task history kept this long (DynamoDB TTL)
+    history_drainers: int = 4         # concurrent history drains started each minute (1..5)
+    # backpressure (lambdas/core/tasks/backlog.py): POST /tasks and batches answer 429 backlog past these
+    backlog_max: int = 1_000_000          # SKYFN_BACKLOG_MAX: history outbox records not yet archived
+    backlog_memory_fraction: float = 0.8  # SKYFN_BACKLOG_MEMORY_FRACTION: of ElastiCache's maxmemory
     payload_expiry_days: int = 30     # large payloads in S3
     rendezvous_port: int = 7300
     rendezvous_cpu: int = 512
     rendezvous_memory_mb: int = 1024
     alarm_email: str | None = None
 
+    def __post_init__(self) -> None:
+        if not 1 <= self.history_drainers <= EVENTBRIDGE_MAX_TARGETS:
+            raise ConfigError(
+                f"history_drainers={self.history_drainers} is out of range: one EventBridge rule starts the "
+                f"drainers and a rule has at most {EVENTBRIDGE_MAX_TARGETS} targets; pass "
+                f"-c history_drainers=<1..{EVENTBRIDGE_MAX_TARGETS}>")
+
     @property
     def prefix(self) -> str:
         """Name prefix of every resource: SKYFN_TABLE_PREFIX and SKYFN_SQS_PREFIX."""
         return f"skyfn-{self.stage}"
+
+    @property
+    def backlog_alarm_threshold(self) -> int:
+        """OutboxLength at which the HistoryBacklog alarm fires: half the bound, well before
+        submissions are refused."""
+        return max(1, self.backlog_max // 2)
 
     @property
     def retain_data(self) -> bool:
@@ -170,6 +194,24 @@ class DeployConfig:
         email = get("alarm_email")
         if email is not None and "@" not in str(email):
             raise ConfigError(f"context alarm_email={email!r} is not an email address")
+        raw_drainers = get("history_drainers", cls.history_drainers)
+        try:
+            drainers = int(raw_drainers)
+        except (TypeError, ValueError):
+            raise ConfigError(f"context history_drainers={raw_drainers!r} is not an integer: "
+                              f"pass -c history_drainers=<1..{EVENTBRIDGE_MAX_TARGETS}>") from None
+        if not 1 <= drainers <= EVENTBRIDGE_MAX_TARGETS:
+            raise ConfigError(f"context history_drainers={drainers} is out of range: the drainers are the targets "
+                              f"of one EventBridge rule, which allows at most {EVENTBRIDGE_MAX_TARGETS}; "
+                              f"pass -c history_drainers=<1..{EVENTBRIDGE_MAX_TARGETS}>")
+        raw_fraction = get("backlog_memory_fraction", cls.backlog_memory_fraction)
+        try:
+            fraction = float(raw_fraction)
+        except (TypeError, ValueError):
+            fraction = float("nan")
+        if not 0 < fraction <= 1:
+            raise ConfigError(f"context backlog_memory_fraction={raw_fraction!r} is not a fraction: "
+                              "pass -c backlog_memory_fraction=<0..1>, e.g. 0.8")
         node = str(get("redis_node_type", cls.redis_node_type))
         if not node.startswith("cache."):
             raise ConfigError(f"context redis_node_type={node!r}: expected an ElastiCache node type like cache.r7g.large")
@@ -183,6 +225,9 @@ class DeployConfig:
             api_burst_limit=integer("api_burst_limit", cls.api_burst_limit, 1, 100_000),
             log_retention_days=integer("log_retention_days", cls.log_retention_days, 1, 3653),
             history_ttl_days=integer("history_ttl_days", cls.history_ttl_days, 1, 3653),
+            history_drainers=drainers,
+            backlog_max=integer("backlog_max", cls.backlog_max, 1000, 1_000_000_000),
+            backlog_memory_fraction=fraction,
             payload_expiry_days=integer("payload_expiry_days", cls.payload_expiry_days, 1, 3653),
             rendezvous_port=integer("rendezvous_port", cls.rendezvous_port, 1024, 65535),
             alarm_email=str(email) if email else None,

@@ -67,6 +67,16 @@ def local_status(as_json: bool = typer.Option(False, "--json", help="print the r
             typer.echo(f"  {name:<8} {state}{'  port ' + str(p['port']) if p['alive'] and p['port'] else ''}")
         for ep in report["endpoints"]:
             typer.echo(f"  endpoint {ep.get('name')} ({ep.get('endpoint_id')}): {ep.get('status')}")
+        b = report.get("backlog")
+        if b and "error" in b:
+            typer.echo(f"  backlog  not read: {b['error']}")
+        elif b:
+            limit = f"{b['max_bytes'] / 2**20:,.0f} MiB maxmemory" if b["max_bytes"] else "no maxmemory"
+            typer.echo(f"  backlog  outbox {b['outbox']:,} of {b['backlog_max']:,}, redis "
+                       f"{b['used_bytes'] / 2**20:,.0f} MiB ({limit}), {b['task_records']:,} keys, "
+                       f"{b['bytes_per_task']:,.0f} B per task record")
+            if b.get("warning"):
+                typer.echo(f"  WARNING: {b['warning']}")
     if not report["healthy"]:
         raise typer.Exit(1 if any(p["alive"] for p in report["processes"].values()) else 3)
 

@@ -5,6 +5,7 @@ process it started."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -83,9 +84,28 @@ class ServerProcess:
             self.proc.wait(5)
 
 
+MAXMEMORY_ENV = "SKYFN_REDIS_MAXMEMORY"
+_MEMORY = re.compile(r"^[0-9]+([kmg]b?)?$", re.IGNORECASE)
+
+
+def redis_maxmemory(value: str | None = None) -> str | None:
+    """The embedded redis-server's maxmemory: `value`, else $SKYFN_REDIS_MAXMEMORY, in bytes or
+    with Redis's units (512mb, 2gb); None (unset, empty or 0) for no limit. A soak benchmark
+    bounds it to see backpressure (the service answers 429 backlog past
+    SKYFN_BACKLOG_MEMORY_FRACTION of it; the store runs with noeviction, infra/hot_store.py)."""
+    raw = (os.environ.get(MAXMEMORY_ENV, "") if value is None else str(value)).strip()
+    if not raw or raw == "0":
+        return None
+    if not _MEMORY.match(raw):
+        raise ValueError(f"{MAXMEMORY_ENV}={raw!r} is not a memory size: give bytes or a number with a unit, "
+                         "e.g. 536870912, 512mb or 2gb (unset for no limit)")
+    return raw.lower()
+
+
 def start_redis(workdir: Path, port: int | None = None, appendonly: bool = True, detach: bool = False,
-                secure: bool = False) -> ServerProcess:
-    """A redis-server on loopback with an append-only file fsynced every second.
+                secure: bool = False, maxmemory: str | None = None) -> ServerProcess:
+    """A redis-server on loopback with an append-only file fsynced every second; `maxmemory`
+    (see redis_maxmemory) bounds its memory, None leaves it unbounded.
 
     `secure` (the embedded runtime): the default user needs a password (created once in
     `workdir/redis.password`, 0600) and users live in the ACL file `workdir/users.acl`,
@@ -101,6 +121,9 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = True,
         "--logfile", str(workdir / "redis.log"),
         *hot_store.server_args(),
     ]
+    maxmemory = redis_maxmemory(maxmemory) if maxmemory is not None else None
+    if maxmemory:
+        args += ["--maxmemory", maxmemory]
     login = ""
     if secure or (workdir / "users.acl").exists():
         password = _redis_password(workdir)

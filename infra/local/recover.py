@@ -39,7 +39,8 @@ def redis(home=None) -> int | None:
     if recorded_process(state.pidfile("redis")) is not None:
         return None
     record = _record(state)
-    server = start_redis(state.workdir("redis"), record["redis_port"], detach=True)
+    server = start_redis(state.workdir("redis"), record["redis_port"], detach=True,
+                         maxmemory=record.get("redis_maxmemory"))  # the bound `skyfn local up` started it with
     write_pidfile(state.pidfile("redis"), server.pid)
     return server.pid
 

@@ -25,8 +25,8 @@ import requests
 
 from infra.local import agent
 from infra.local.lambda_pool import REPO_ROOT, child_env
-from infra.local.processes import (AWS_STAND_IN_NICE, free_port, recorded_process, start_moto, start_redis, terminate,
-                                   write_pidfile)
+from infra.local.processes import (AWS_STAND_IN_NICE, free_port, recorded_process, redis_maxmemory, start_moto,
+                                   start_redis, terminate, write_pidfile)
 from infra.local.state import PROCESS_NAMES, StateDir
 
 ENDPOINT = "local"
@@ -123,7 +123,42 @@ def status(home=None) -> dict:
             report["healthy"] = True
         except (requests.RequestException, LocalError, ValueError) as exc:
             report["error"] = str(exc)
+    if procs["redis"] is not None and record.get("redis_url"):
+        report["backlog"] = backlog_report(record["redis_url"])
     return report
+
+
+BACKLOG_WARNING_AT = 0.5  # of the bound: the embedded runtime's counterpart of the HistoryBacklog alarm
+
+
+def backlog_report(redis_url: str) -> dict:
+    """The hot store's backlog gauge (lambdas/core/tasks/backlog.py) with its bounds, the
+    fraction of the nearest bound reached (`pressure`; 429 backlog from 1.0 on) and a
+    `warning` from half of it on; {"error": ...} when Redis does not answer."""
+    import redis
+
+    from lambdas.config import settings
+    from lambdas.core.tasks import backlog
+
+    client = redis.Redis.from_url(redis_url, socket_timeout=3)
+    try:
+        b = backlog.read(client)
+    except redis.RedisError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        client.close()
+    s = settings()
+    pressure = backlog.pressure(b)
+    warning = backlog.overloaded(b)
+    if warning:
+        warning = f"{warning}; submissions get 429 backlog until the history drain catches up"
+    elif pressure >= BACKLOG_WARNING_AT:
+        warning = (f"the backlog is at {pressure:.0%} of its bound (outbox {b.outbox:,} of {s.backlog_max:,}"
+                   + (f", memory {b.used_bytes / 2**20:,.0f} of {s.backlog_memory_fraction * b.max_bytes / 2**20:,.0f}"
+                      " MiB" if b.max_bytes else "")
+                   + "): at 100% submissions get 429 backlog")
+    return {**b.as_dict(), "backlog_max": s.backlog_max, "memory_fraction": s.backlog_memory_fraction,
+            "pressure": round(pressure, 4), "warning": warning}
 
 
 # -- up --------------------------------------------------------------------------------
@@ -218,8 +253,12 @@ def up(home=None, detach: bool = False, port: int | None = None, aws_endpoint: s
     token = mint_token(state, user)
     started = _Started(state)
     try:
+        maxmemory = redis_maxmemory()  # SKYFN_REDIS_MAXMEMORY; None: no limit
+    except ValueError as exc:
+        raise LocalError(str(exc)) from None
+    try:
         redis = start_redis(state.workdir("redis"), _pick_port(None, record.get("redis_port"), "redis"), detach=True,
-                            secure=True)
+                            secure=True, maxmemory=maxmemory)
         started.servers.append(redis)
         write_pidfile(state.pidfile("redis"), redis.pid)
         if aws_endpoint:
@@ -234,6 +273,7 @@ def up(home=None, detach: bool = False, port: int | None = None, aws_endpoint: s
         url = f"http://127.0.0.1:{gateway_port}"
         state.write_runtime({
             "service_url": url, "gateway_port": gateway_port, "redis_url": redis.url, "redis_port": redis.port,
+            "redis_maxmemory": maxmemory,
             "aws_endpoint": aws_url, "moto_port": moto_port, "user": user, "detached": detach,
             "api_workers": list(api_workers), "started": time.time(), "python": sys.executable,
         })

@@ -5,6 +5,7 @@ from __future__ import annotations
 class ServiceError(Exception):
     status = 400
     code = "bad_request"
+    headers: dict[str, str] = {}  # response headers of the answer (e.g. Retry-After); never mutated
 
     def __init__(self, message: str, details: object = None):
         super().__init__(message)
@@ -46,3 +47,16 @@ class TooMany(ServiceError):
 
     status = 429
     code = "rate_limited"
+
+
+class Backlogged(TooMany):
+    """The hot store's backlog is over its bound (lambdas/core/tasks/backlog.py): nothing was
+    stored; the request may be retried as is after Retry-After seconds. Step Functions sees the
+    class name: the states that submit tasks Retry it (stepfunctions/definitions, flowspec)."""
+
+    code = "backlog"
+
+    def __init__(self, message: str, retry_after: int, details: object = None):
+        super().__init__(message, details)
+        self.retry_after = retry_after
+        self.headers = {"Retry-After": str(retry_after)}

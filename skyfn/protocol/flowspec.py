@@ -27,6 +27,11 @@ MAX_NODES = 200
 DEFAULT_WAIT_SECONDS = 10
 LAMBDA_TRANSIENT = ["Lambda.ServiceException", "Lambda.AWSLambdaException", "Lambda.SdkClientException",
                     "Lambda.TooManyRequestsException", "Unavailable"]
+# The service refuses new tasks while its backlog is over its bound (429 backlog; the step
+# raises Backlogged, nothing stored): a submit state waits and retries, about an hour in all
+# (full jitter: each wait is random up to 2 s, doubling, at most 30 s).
+BACKLOG_RETRY = {"ErrorEquals": ["Backlogged"], "IntervalSeconds": 2, "MaxAttempts": 240, "BackoffRate": 2.0,
+                 "MaxDelaySeconds": 30, "JitterStrategy": "FULL"}
 # Errors a step can end with (docs/runs.md).
 STEP_ERRORS = ("TaskFailed", "TaskTimedOut", "TaskCancelled", "EndpointOffline", "NotFound")
 
@@ -171,6 +176,7 @@ class _Compiler:
                                "endpoint_id": step.endpoint_id, "max_retries": step.max_retries,
                                "step": step.name, "args.$": "States.Array($)", "kwargs": {}})
         submit["ResultSelector"] = {"task_id.$": "$.Payload.task_id"}
+        submit["Retry"].append(dict(BACKLOG_RETRY))
         submit["Next"] = f"{step.name}/wait"
         states[name] = submit
         wait = self._invoke({"action": "wait", "owner": self.owner, "task_id.$": "$.task_id",

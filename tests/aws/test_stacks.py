@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from aws_cdk.assertions import Match
 
+from infra.aws import sizing
 from infra.aws.config import FUNCTIONS, RESULTS_BATCH_SIZE
 from lambdas.core.identity.agent_credentials import CONSUME_ACTIONS, RESULT_ACTIONS
 from stepfunctions import catalog
@@ -62,7 +63,7 @@ def dynamo_access(statements: list[dict]) -> dict[str, set[str]]:
         if not acts:
             continue
         text = resources_text(s)
-        for table in ("Functions", "Endpoints", "Submissions", "Tasks"):
+        for table in ("Functions", "Endpoints", "Submissions", "History"):
             if f"{table}Table" in text:
                 out.setdefault(table.lower(), set()).update(acts)
     return out
@@ -104,23 +105,24 @@ def test_network_two_azs_nat_and_endpoints(tpl, t):
 # --- data --------------------------------------------------------------------------------
 def test_tables_have_the_keys_and_indexes_the_service_queries(t):
     tables = {p["TableName"]: p for p in props(t["data"], "AWS::DynamoDB::Table")}
-    assert set(tables) == {f"skyfn-ci-{n}" for n in ("functions", "endpoints", "submissions", "tasks")}
-    keys = {name: [k["AttributeName"] for k in p["KeySchema"]] for name, p in tables.items()}
-    assert keys == {"skyfn-ci-functions": ["function_id"], "skyfn-ci-endpoints": ["endpoint_id"],
-                    "skyfn-ci-submissions": ["submission_id"], "skyfn-ci-tasks": ["task_id"]}
+    assert set(tables) == {f"skyfn-ci-{n}" for n in ("functions", "endpoints", "submissions", "history")}
+    keys = {name: [(k["AttributeName"], k["KeyType"]) for k in p["KeySchema"]] for name, p in tables.items()}
+    assert keys == {"skyfn-ci-functions": [("function_id", "HASH")], "skyfn-ci-endpoints": [("endpoint_id", "HASH")],
+                    "skyfn-ci-submissions": [("submission_id", "HASH")],
+                    "skyfn-ci-history": [("k", "HASH"), ("s", "RANGE")]}  # pages and markers (issue 24)
     gsi = {name: [(i["IndexName"], [(k["AttributeName"], k["KeyType"]) for k in i["KeySchema"]],
                    i["Projection"]["ProjectionType"]) for i in p.get("GlobalSecondaryIndexes", [])]
            for name, p in tables.items()}
     assert gsi["skyfn-ci-endpoints"] == [("owner-index", [("owner", "HASH")], "ALL")]
-    assert gsi["skyfn-ci-tasks"] == [("owner-index", [("owner", "HASH"), ("created", "RANGE")], "ALL")]
-    created_type = {a["AttributeName"]: a["AttributeType"] for a in tables["skyfn-ci-tasks"]["AttributeDefinitions"]}
-    assert created_type["created"] == "N"
+    assert gsi["skyfn-ci-history"] == []  # no index: one write per page, not two per task
+    assert tables["skyfn-ci-history"]["AttributeDefinitions"] == [{"AttributeName": "k", "AttributeType": "S"},
+                                                                 {"AttributeName": "s", "AttributeType": "S"}]
     for name, p in tables.items():
         assert p["BillingMode"] == "PAY_PER_REQUEST"
         assert p["PointInTimeRecoverySpecification"]["PointInTimeRecoveryEnabled"] is True
         assert p["SSESpecification"]["SSEEnabled"] is True and p["SSESpecification"]["SSEType"] == "KMS"
         assert p["DeletionProtectionEnabled"] is True  # stage "ci" retains data
-    for name in ("skyfn-ci-submissions", "skyfn-ci-tasks"):
+    for name in ("skyfn-ci-submissions", "skyfn-ci-history"):
         assert tables[name]["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
 
 
@@ -161,7 +163,8 @@ def test_functions_match_the_config_module(t):
         p = fns[f"skyfn-ci-{key}"]
         assert p["Handler"] == spec.handler and p["MemorySize"] == spec.memory_mb and p["Timeout"] == spec.timeout_s
         assert p["Runtime"] == "python3.11" and p["Architectures"] == ["arm64"]
-        assert p.get("ReservedConcurrentExecutions") == spec.reserved_concurrency
+        reserved = sizing.reserved_concurrency(4) if key == "history" else spec.reserved_concurrency
+        assert p.get("ReservedConcurrentExecutions") == reserved  # history: 2 x drainers (sizing.py)
         assert p["TracingConfig"] == {"Mode": "Active"} and len(p["Layers"]) == 1
         assert len(p["VpcConfig"]["SubnetIds"]) == 2 and "LambdaSg" in json.dumps(p["VpcConfig"]["SecurityGroupIds"])
     assert "skyfn-ci-authorizer" not in fns  # Cognito: no Lambda authorizer
@@ -191,7 +194,7 @@ def test_environment_is_what_lambdas_config_reads(t, monkeypatch):
         assert results["RedrivePolicy"]["maxReceiveCount"] == s.max_deliveries
         assert f"{s.results_queue_name}-dlq" in queues  # the name SqsQueue.ensure() gives its DLQ
         tables = {p["TableName"] for p in props(t["data"], "AWS::DynamoDB::Table")}
-        assert {f"{s.table_prefix}-{n}" for n in ("functions", "endpoints", "submissions", "tasks")} == tables
+        assert {f"{s.table_prefix}-{n}" for n in ("functions", "endpoints", "submissions", "history")} == tables
     finally:
         settings.cache_clear()
     for fn in catalog.API_ENV:
@@ -200,10 +203,10 @@ def test_environment_is_what_lambdas_config_reads(t, monkeypatch):
 
 def test_each_handler_gets_only_its_tables(t):
     access = {key: dynamo_access(function_statements(t["service"], f"skyfn-ci-{key}")) for key in FUNCTIONS}
-    assert set(access["api"]) == {"functions", "endpoints", "tasks"}
-    assert not access["api"]["tasks"] & DYNAMO_WRITES  # history is read-only for the API
-    assert set(access["history"]) == {"submissions", "tasks"}
-    assert access["history"]["tasks"] <= DYNAMO_WRITES | {"dynamodb:DescribeTable"}
+    assert set(access["api"]) == {"functions", "endpoints", "history"}
+    assert access["api"]["history"] == {"dynamodb:Query", "dynamodb:GetItem"}  # read-only, no Scan
+    assert set(access["history"]) == {"submissions", "history"}
+    assert access["history"]["history"] == {"dynamodb:PutItem", "dynamodb:BatchWriteItem"}  # pages, markers
     assert access["results"] == {} and access["reaper"] == {}
 
 
@@ -261,12 +264,12 @@ def test_results_event_source_schedules_alarms_dashboard(tpl, t):
         "BatchSize": RESULTS_BATCH_SIZE, "FunctionResponseTypes": ["ReportBatchItemFailures"]})
     rules = props(t["service"], "AWS::Events::Rule")
     assert sorted(r["ScheduleExpression"] for r in rules) == ["rate(1 minute)", "rate(1 minute)"]
-    assert all("DeadLetterConfig" in r["Targets"][0] for r in rules)
+    assert all("DeadLetterConfig" in target for r in rules for target in r["Targets"])
     alarms = props(t["service"], "AWS::CloudWatch::Alarm")
     names = {a["MetricName"] for a in alarms}
     assert {"Errors", "Throttles", "ApproximateNumberOfMessagesVisible", "ApproximateAgeOfOldestMessage",
             "5XXError"} <= names
-    assert len(alarms) == 2 * (len(FUNCTIONS) + 1) + 4  # + the status page's function (test_ui_stack.py)
+    assert len(alarms) == 2 * (len(FUNCTIONS) + 1) + 5  # + the status page's function (test_ui_stack.py)
     assert all(a["AlarmActions"] for a in alarms)
     s.resource_count_is("AWS::CloudWatch::Dashboard", 1)
 
@@ -461,3 +464,31 @@ def test_api_issues_rendezvous_tokens_with_the_deployed_address(t):
     for key in ("results", "reaper", "history"):  # no one else holds the signing secret
         _, other = function(t["service"], f"skyfn-ci-{key}")
         assert "SKYFN_RENDEZVOUS_SECRET" not in json.dumps(other["Environment"]["Variables"]), key
+
+
+# --- backpressure (issue 24: lambdas/core/tasks/backlog.py) -----------------------------------------
+def test_history_backlog_alarm_dashboard_and_bounds_in_the_environment(t):
+    """The HistoryBacklog alarm watches the outbox length the history drain publishes (EMF:
+    namespace skyfn, service history) at half the bound past which submissions get 429
+    backlog; every function that submits (the API, the workflow steps) reads the same bounds."""
+    from infra.aws.config import DeployConfig
+
+    config = DeployConfig()
+    [(lid, backlog)] = [(k, v["Properties"]) for k, v in res(t["service"], "AWS::CloudWatch::Alarm").items()
+                        if v["Properties"].get("MetricName") == "OutboxLength"]
+    assert lid.startswith("HistoryBacklog")
+    assert backlog["Namespace"] == "skyfn" and backlog["Dimensions"] == [{"Name": "service", "Value": "history"}]
+    assert backlog["Statistic"] == "Maximum" and backlog["Period"] == 300 and backlog["EvaluationPeriods"] == 1
+    assert backlog["Threshold"] == config.backlog_max // 2 == 500_000
+    assert backlog["ComparisonOperator"] == "GreaterThanOrEqualToThreshold" and backlog["AlarmActions"]
+    assert "SKYFN_BACKLOG_MAX" in backlog["AlarmDescription"]
+    for name in ("skyfn-ci-api", "skyfn-ci-history"):
+        _, p = function(t["service"], name)
+        env = p["Environment"]["Variables"]
+        assert env["SKYFN_BACKLOG_MAX"] == "1000000" and env["SKYFN_BACKLOG_MEMORY_FRACTION"] == "0.8", name
+    steps = [p for p in props(t["workflows"], "AWS::Lambda::Function") if "Environment" in p]
+    assert steps and all(p["Environment"]["Variables"]["SKYFN_BACKLOG_MAX"] == "1000000" for p in steps)
+    (board,) = props(t["service"], "AWS::CloudWatch::Dashboard")
+    body = json.dumps(board["DashboardBody"])
+    for metric in ("OutboxLength", "RedisUsedBytes", "RedisBytesPerTask"):
+        assert f'\\"skyfn\\",\\"{metric}\\",\\"service\\",\\"history\\"' in body, metric

@@ -67,7 +67,14 @@ def test_up_status_down(tmp_path):
         # the hot store runs with the parameters of the ElastiCache parameter group (infra/hot_store.py)
         hot = redis_lib.Redis.from_url(json.loads((home / "local" / "runtime.json").read_text())["redis_url"])
         assert hot.config_get("hash-max-listpack-value") == {"hash-max-listpack-value": "512"}
+        assert hot.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+        assert hot.config_get("maxmemory") == {"maxmemory": "0"}  # SKYFN_REDIS_MAXMEMORY unset: no limit
         hot.close()
+        # the hot store's backlog gauge (lambdas/core/tasks/backlog.py), the embedded alarm
+        assert report["backlog"]["warning"] is None and report["backlog"]["backlog_max"] == 1_000_000, report
+        assert report["backlog"]["outbox"] >= 0 and report["backlog"]["task_records"] > 0
+        text = skyfn(home, "local", "status")
+        assert text.returncode == 0 and "  backlog  outbox " in text.stdout and "WARNING" not in text.stdout
         # moto stands in for AWS's managed services: it yields the task path's cores (nice +10)
         assert psutil.Process(procs["moto"]["pid"]).nice() == psutil.Process(procs["redis"]["pid"]).nice() + 10
         assert [(e["name"], e["status"]) for e in report["endpoints"]] == [("local", "online")]

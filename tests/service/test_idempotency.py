@@ -108,3 +108,16 @@ def test_keys_of_different_users_never_share_tasks(api, other_api, fn_id, ep_id)
     assert status == 202
     status, other = other_api.call("POST", "/tasks", _request(ep_id, fn_id, "same-key"))
     assert status == 404  # mallory cannot use alice's endpoint or function, whatever the key
+
+
+@pytest.mark.parametrize("key", ["0192e1a1f00d7abc8def0123456789ab", "user-chosen-key"])
+def test_a_keyed_answer_is_kept_as_its_task_count_and_replays_the_same_ids(api, fn_id, ep_id, key):
+    """The answer kept for replays is b'k:<n>' (its ids derive from the key), not the ids."""
+    from lambdas.core import deps
+
+    status, first = api.call("POST", "/tasks", _request(ep_id, fn_id, key, n=50))
+    assert status == 202 and len(first["task_ids"]) == 50
+    assert deps.redis_client().get(f"idem:alice:{key}") == b"k:50"
+    status, again = api.call("POST", "/tasks", _request(ep_id, fn_id, key, n=50))
+    assert status == 200 and again["replayed"] is True
+    assert (again["submission_id"], again["task_ids"]) == (first["submission_id"], first["task_ids"])

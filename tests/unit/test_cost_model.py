@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from benchmarks import cost
 from infra.aws.config import FUNCTIONS
 from skyfn.protocol.messages import PACK_MAX_TASKS
@@ -52,3 +54,61 @@ def test_cli_prints_a_table_and_json_last(capsys):
     assert set(data["scenarios"]) == {"single", "batch", "fanout"} and data["tasks"] == 1000
     assert data["lambda_memory_mb"]["api"] == FUNCTIONS["api"].memory_mb
     assert any(line.startswith("total") for line in lines)
+
+
+# --- the durable history in pages (issue 24) ---------------------------------------------------
+def test_history_pages_cost_a_share_of_a_page_instead_of_two_writes_per_task():
+    from infra.aws import sizing
+
+    prices = cost.load_prices()
+    a = cost.ASSUMPTIONS
+    per_page = cost.tasks_per_page(a)
+    assert per_page == min(sizing.PAGE_TASKS, sizing.HISTORY_BATCH, int(a.throughput_tasks_per_s))
+    page_units = math.ceil((sizing.PAGE_OVERHEAD_BYTES + per_page * a.history_page_bytes_per_task) / 1024)
+    assert sizing.write_units_per_task(per_page) == (page_units + 1) / per_page  # + the page's marker
+    _, after = cost.history_cost(100_000, 100, prices["prices"])
+    _, before = cost.history_cost(100_000, 100, prices["prices"], archive="items")
+    assert before == 2 * 100_000 + 100  # task item + owner-index entry, and the submission records
+    assert after == 100_000 * (page_units + 1) / per_page + 100 and after < before / 10
+    batch_after = cost.scenario(100_000, 1_000, prices)
+    batch_before = cost.scenario(100_000, 1_000, prices, archive="items")
+    assert batch_after["dynamodb"] < batch_before["dynamodb"] and batch_after["total"] < batch_before["total"]
+
+
+def test_drainers_are_billed_for_their_busy_time():
+    from dataclasses import replace
+
+    prices = cost.load_prices()["prices"]
+    a = cost.ASSUMPTIONS
+    fast, _ = cost.history_cost(1_000_000, 1_000, prices, a)
+    slow, _ = cost.history_cost(1_000_000, 1_000, prices, replace(a, history_seconds_per_batch=2 * a.history_seconds_per_batch))
+    idle, _ = cost.history_cost(1_000_000, 1_000, prices, replace(a, history_seconds_per_batch=0.0))
+    assert idle < fast < slow and (slow - idle) == pytest.approx(2 * (fast - idle), rel=0.05)
+    assert cost.fixed_monthly(cost.load_prices())["history_drainers_idle"] > 0  # 4 invocations a minute, always
+
+
+def test_sizing_follows_the_handlers_defaults(monkeypatch):
+    """infra/aws/sizing.py restates what the handlers use; keep them equal."""
+    from infra.aws import sizing
+    from lambdas.adapters import history_pages
+    from lambdas.config import settings
+
+    assert sizing.PAGE_TASKS == history_pages.PAGE_TASKS
+    for name in ("SKYFN_HISTORY_BATCH", "SKYFN_HISTORY_DRAIN_MARGIN_S"):
+        monkeypatch.delenv(name, raising=False)
+    settings.cache_clear()
+    try:
+        assert settings().history_batch == sizing.HISTORY_BATCH
+        assert settings().history_drain_margin_s == sizing.HISTORY_DRAIN_MARGIN_S
+    finally:
+        settings.cache_clear()
+
+
+def test_cli_reports_the_archive_before_and_after(capsys):
+    assert cost.main(["--json", "--tasks", "1000000"]) == 0
+    data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    archive = data["archive"]
+    for name in cost.SCENARIOS:
+        assert archive["after"][name]["history"] < archive["before"][name]["history"]
+        assert archive["after"][name]["total"] == data["scenarios"][name]["total"]
+    assert archive["capacity"]["tasks_per_s"] >= 10_000 and archive["write_units_per_task"] < 2

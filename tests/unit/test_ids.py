@@ -13,10 +13,27 @@ def test_bytes_become_exactly_what_uuid_renders():
     assert _as_uuid4s(raw) == [str(uuid.UUID(bytes=raw[i:i + 16], version=4)) for i in range(0, len(raw), 16)]
 
 
-def test_new_ids_are_distinct_version_4_uuids():
+def test_new_ids_are_distinct_time_ordered_uuids():
+    import time
+
+    from skyfn.protocol.ids import time_ms
+
+    before = int(time.time() * 1000)
     ids = new_ids(10_000)
+    after = int(time.time() * 1000)
     assert len(set(ids)) == 10_000
-    assert all(uuid.UUID(i).version == 4 and is_uuid(i) for i in ids[:100])
+    assert all(uuid.UUID(i).version == 7 and uuid.UUID(i).variant == uuid.RFC_4122 and is_uuid(i) for i in ids)
+    assert all(before <= time_ms(i) <= after for i in ids)
+    assert time_ms(str(uuid.uuid4())) is None and time_ms("not-an-id") is None
+
+
+def test_keyed_ids_of_a_v7_key_carry_the_keys_time_and_are_stable():
+    from skyfn.protocol.ids import time_ms, uuid7_hex
+
+    key = uuid7_hex()
+    ids = keyed_ids("alice", key, 3)
+    assert ids == keyed_ids("alice", key, 3) and len(set(ids)) == 3  # a retry gets the same ids
+    assert {time_ms(i) for i in ids} == {time_ms(key)} and ids != keyed_ids("bob", key, 3)
 
 
 def test_keyed_ids_are_stable_across_releases():

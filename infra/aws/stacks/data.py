@@ -2,9 +2,10 @@
 
 - DynamoDB tables named as lambdas/adapters/dynamodb.py derives them from the prefix,
   with exactly its keys and indexes: functions (function_id), endpoints (endpoint_id;
-  GSI owner-index on owner), submissions (submission_id) and tasks (task_id; GSI
-  owner-index on owner + created). On-demand, point-in-time recovery, encrypted with the
-  stack's KMS key; history items expire through TTL on `expires_at`.
+  GSI owner-index on owner), submissions (submission_id) and history (partition key k,
+  sort key s, no index: finished tasks in compressed pages per owner, issue 24,
+  lambdas/adapters/history_pages.py). On-demand, point-in-time recovery, encrypted with
+  the stack's KMS key; submissions and history items expire through TTL on `expires_at`.
 - ElastiCache for Redis (the hot task store): a replication group with a replica in the
   other AZ, automatic failover, TLS in transit (required), encryption at rest, an AUTH
   token generated in Secrets Manager, `noeviction` (a hot store must never drop a task),
@@ -19,6 +20,7 @@ from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_elasticache as elasticache
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_secretsmanager as secretsmanager
@@ -29,13 +31,18 @@ from infra.aws.config import DeployConfig
 
 TTL_ATTRIBUTE = "expires_at"
 REDIS_PORT = 6379
-# name -> (partition key, GSI owner-index key schema or None, TTL)
+# name -> (partition key, sort key or None, GSI owner-index key schema or None, TTL)
 TABLES = {
-    "functions": ("function_id", None, False),
-    "endpoints": ("endpoint_id", ("owner", None), False),
-    "submissions": ("submission_id", None, True),
-    "tasks": ("task_id", ("owner", "created"), True),
+    "functions": ("function_id", None, None, False),
+    "endpoints": ("endpoint_id", None, ("owner", None), False),
+    "submissions": ("submission_id", None, None, True),
+    # pages k="p#<owner>#<bucket>", s="<minute>#<page id>"; markers k="m#<owner>", s="<minute>#<bucket>"
+    "history": ("k", "s", None, True),
 }
+# What the handlers do on the history table (lambdas/adapters/history_pages.py): the
+# drain writes pages and markers (batch_writer), readers query pages and markers.
+HISTORY_READ_ACTIONS = ("dynamodb:Query", "dynamodb:GetItem")
+HISTORY_WRITE_ACTIONS = ("dynamodb:PutItem", "dynamodb:BatchWriteItem")
 
 
 class DataStack(Stack):
@@ -47,10 +54,11 @@ class DataStack(Stack):
                            description=f"{config.prefix}: DynamoDB tables, payload bucket, Redis at rest")
 
         self.tables: dict[str, dynamodb.Table] = {}
-        for name, (pk, gsi, ttl) in TABLES.items():
+        for name, (pk, sk, gsi, ttl) in TABLES.items():
             table = dynamodb.Table(
                 self, f"{name.capitalize()}Table", table_name=f"{config.prefix}-{name}",
                 partition_key=dynamodb.Attribute(name=pk, type=dynamodb.AttributeType.STRING),
+                sort_key=dynamodb.Attribute(name=sk, type=dynamodb.AttributeType.STRING) if sk else None,
                 billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
                 encryption=dynamodb.TableEncryption.CUSTOMER_MANAGED, encryption_key=self.key,
                 point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
@@ -104,6 +112,18 @@ class DataStack(Stack):
             security_group_ids=[self.redis_sg.security_group_id], port=REDIS_PORT,
             snapshot_retention_limit=7, auto_minor_version_upgrade=True)
         self.redis.apply_removal_policy(removal)
+
+    def grant_history_read(self, grantee: iam.IGrantable) -> None:
+        """Query and GetItem on the history table (GET /tasks, task status and audit of
+        archived tasks), and decrypting its items."""
+        self.tables["history"].grant(grantee, *HISTORY_READ_ACTIONS)
+        self.key.grant_decrypt(grantee)
+
+    def grant_history_write(self, grantee: iam.IGrantable) -> None:
+        """PutItem and BatchWriteItem of pages and markers (the history drain), and the
+        key's data keys to encrypt them."""
+        self.tables["history"].grant(grantee, *HISTORY_WRITE_ACTIONS)
+        self.key.grant_encrypt_decrypt(grantee)
 
     @property
     def redis_url(self) -> str:

@@ -11,6 +11,8 @@ that its handler's code uses.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from aws_cdk import ArnFormat, CfnOutput, Duration, Stack
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_cloudwatch as cw
@@ -30,7 +32,7 @@ from aws_cdk import aws_sns_subscriptions as subs
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from infra.aws import packaging
+from infra.aws import packaging, sizing
 from infra.aws.config import (ARCHITECTURE, AUTHORIZER, FUNCTIONS, PUSH_FUNCTIONS, PYTHON_RUNTIME,
                               RESULTS_BATCH_SIZE, RESULTS_BATCH_WINDOW_S, RESULTS_MAX_CONCURRENCY, DeployConfig,
                               FunctionSpec)
@@ -43,7 +45,7 @@ from stepfunctions import catalog
 # What the handlers read (lambdas/config.py); the queues are created to match.
 LEASE_SECONDS = 60
 MAX_DELIVERIES = 5
-SCHEDULE_MINUTES = {"reaper": 1, "history": 1}
+SCHEDULE_MINUTES = {"reaper": 1, "history": sizing.SCHEDULE_PERIOD_S // 60}
 STAGE_METRICS = ("StageServiceMs", "StageQueueMs", "StageDispatchMs", "StageRunMs", "StageReturnMs")
 SQS_ENDPOINT_QUEUE_ACTIONS = ["sqs:CreateQueue", "sqs:GetQueueUrl", "sqs:GetQueueAttributes",
                               "sqs:SetQueueAttributes"]
@@ -101,10 +103,13 @@ class ServiceStack(Stack):
         # --- functions ------------------------------------------------------------
         # the API issues rendezvous group tokens (POST /rendezvous/tokens): it signs them with
         # the rendezvous secret; the server's address is added by the app (rendezvous stack)
+        # the history drainers' reserved concurrency follows their number (infra/aws/sizing.py)
+        specs = {**FUNCTIONS, "history": dataclasses.replace(
+            FUNCTIONS["history"], reserved_concurrency=sizing.reserved_concurrency(config.history_drainers))}
         self.functions: dict[str, lambda_.Function] = {
             key: self.function(spec, secrets={"SKYFN_RENDEZVOUS_SECRET": data.rendezvous_secret} if key == "api"
                                else None)
-            for key, spec in FUNCTIONS.items()}
+            for key, spec in specs.items()}
         api_fn, results_fn = self.functions["api"], self.functions["results"]
         reaper_fn, history_fn = self.functions["reaper"], self.functions["history"]
         tables = data.tables
@@ -113,7 +118,7 @@ class ServiceStack(Stack):
         # task packs and cancel notices; reads their depth; (re)declares the results queue.
         tables["functions"].grant_read_write_data(api_fn)
         tables["endpoints"].grant_read_write_data(api_fn)
-        tables["tasks"].grant_read_data(api_fn)
+        data.grant_history_read(api_fn)  # GET /tasks, status and audit of archived tasks
         api_fn.add_to_role_policy(self.endpoint_queue_statement(send=True))
         api_fn.add_to_role_policy(iam.PolicyStatement(
             sid="ResultsQueueDeclare", actions=SQS_ENDPOINT_QUEUE_ACTIONS,
@@ -138,16 +143,28 @@ class ServiceStack(Stack):
         # reaper: re-declares endpoint queues, drains their dead-letter queues.
         reaper_fn.add_to_role_policy(self.endpoint_queue_statement(receive=True))
 
-        # history: bulk writes of submissions and finished tasks.
+        # history: bulk writes of submissions, finished tasks in pages (issue 24).
         tables["submissions"].grant_write_data(history_fn)
-        tables["tasks"].grant_write_data(history_fn)
+        data.grant_history_write(history_fn)
         history_fn.add_environment("SKYFN_HISTORY_TTL_DAYS", str(config.history_ttl_days))
+        history_fn.add_environment("SKYFN_HISTORY_BATCH", str(sizing.HISTORY_BATCH))
+        history_fn.add_environment("SKYFN_HISTORY_DRAIN_MARGIN_S", str(sizing.HISTORY_DRAIN_MARGIN_S))
 
+        # Schedules. The history rule has one target per drainer (input {"drainer": i}): the
+        # drainers start together every minute and drain concurrently while there is a
+        # backlog (docs/deploy.md, "Archival capacity").
+        self.schedules: dict[str, events.Rule] = {}
         for key, minutes in SCHEDULE_MINUTES.items():
-            events.Rule(self, f"{key.capitalize()}Schedule", schedule=events.Schedule.rate(Duration.minutes(minutes)),
-                        description=f"runs {FUNCTIONS[key].handler} every {minutes} min",
-                        targets=[targets.LambdaFunction(self.functions[key], dead_letter_queue=self.schedule_dlq,
-                                                        retry_attempts=2, max_event_age=Duration.minutes(5))])
+            copies = config.history_drainers if key == "history" else 1
+            self.schedules[key] = events.Rule(
+                self, f"{key.capitalize()}Schedule", schedule=events.Schedule.rate(Duration.minutes(minutes)),
+                description=f"runs {FUNCTIONS[key].handler} every {minutes} min"
+                + (f", {copies} concurrent drainers" if key == "history" else ""),
+                targets=[targets.LambdaFunction(
+                    self.functions[key], dead_letter_queue=self.schedule_dlq, retry_attempts=2,
+                    max_event_age=Duration.minutes(5),
+                    event=events.RuleTargetInput.from_object({"drainer": i}) if key == "history" else None)
+                    for i in range(copies)])
 
         self.api = self._rest_api(api_fn)
         self._action_provider(api_fn)
@@ -242,6 +259,9 @@ class ServiceStack(Stack):
             "SKYFN_AUTH_ISSUER": self.auth_issuer,
             "SKYFN_LEASE_SECONDS": str(LEASE_SECONDS),
             "SKYFN_MAX_DELIVERIES": str(MAX_DELIVERIES),
+            # backpressure: the API, the steps that submit and the history drain's warning agree
+            "SKYFN_BACKLOG_MAX": str(c.backlog_max),
+            "SKYFN_BACKLOG_MEMORY_FRACTION": repr(float(c.backlog_memory_fraction)),
             "POWERTOOLS_METRICS_NAMESPACE": "skyfn",
             "POWERTOOLS_LOG_LEVEL": "INFO",
             "POWERTOOLS_TRACE_DISABLED": "true",
@@ -350,6 +370,10 @@ class ServiceStack(Stack):
             period=five, statistic="Maximum"), 300, "results wait more than 5 minutes to be applied")
         alarm("Api5xx", self.api.metric_server_error(period=five, statistic="Sum"), 1,
               "the API answered 5xx (the service answers bad input with 4xx)")
+        alarm("HistoryBacklog", backlog_metric("OutboxLength", "Maximum", label=False),
+              self.config.backlog_alarm_threshold,
+              f"the history outbox holds half its bound of {self.config.backlog_max:,} unarchived records: the "
+              "drainers are behind; at the bound submissions get 429 backlog (SKYFN_BACKLOG_MAX)")
 
     def _dashboard(self) -> None:
         board = cw.Dashboard(self, "Dashboard", dashboard_name=f"{self.config.prefix}-service")
@@ -393,6 +417,22 @@ class ServiceStack(Stack):
                 self.results_queue.metric_approximate_number_of_messages_visible(period=five),
                 self.results_queue.metric_approximate_age_of_oldest_message(period=five)]),
             cw.AlarmStatusWidget(title="Alarms", width=12, alarms=self.alarms))
+        # the hot store's backlog (lambdas/core/tasks/backlog.py, EMF by the history drain)
+        board.add_widgets(
+            cw.GraphWidget(title="History backlog (outbox records, alarm at half the bound)", width=8,
+                           left=[backlog_metric("OutboxLength", "Maximum")],
+                           left_annotations=[cw.HorizontalAnnotation(value=self.config.backlog_alarm_threshold,
+                                                                     label="HistoryBacklog alarm")]),
+            cw.GraphWidget(title="Redis used bytes", width=8, left=[backlog_metric("RedisUsedBytes", "Maximum")]),
+            cw.GraphWidget(title="Redis bytes per task record", width=8,
+                           left=[backlog_metric("RedisBytesPerTask", "Average")]))
+
+
+def backlog_metric(name: str, statistic: str, label: bool = True) -> cw.Metric:
+    """A metric of the hot store's backlog gauge (namespace skyfn, service history); an alarm's
+    has no label (a labelled metric makes CloudFormation's metric-math form of the alarm)."""
+    return cw.Metric(namespace="skyfn", metric_name=name, dimensions_map={"service": "history"},
+                     statistic=statistic, period=Duration.minutes(5), label=f"{name} {statistic}" if label else None)
 
 
 def _runtime() -> lambda_.Runtime:

@@ -49,8 +49,9 @@ class WorkflowsStack(Stack):
             if "s3" in step.needs:
                 data.bucket.grant_read_write(fn)
             if "dynamodb" in step.needs:
-                for table in ("functions", "endpoints", "tasks"):
+                for table in ("functions", "endpoints"):
                     data.tables[table].grant_read_data(fn)
+                data.grant_history_read(fn)  # status of archived tasks (lambdas/core/tasks/tasks.py)
             if "sqs" in step.needs:  # submits through the service core: declares queues, sends packs
                 fn.add_to_role_policy(service.endpoint_queue_statement(send=True))
             if key in PUSH_STEPS:  # writes final states: pushes them (the service stack's WebSocket API)

@@ -3,6 +3,13 @@ is an atomic compare-and-set that takes a whole batch at once, so a batch of 10,
 costs a handful of round trips. The key layout is in the package's docstring."""
 from __future__ import annotations
 
+# Scripts that finish, read or archive work already accepted run even when Redis is at its
+# maxmemory (noeviction refuses other writes then): the service answers new submissions
+# 429 at that point (lambdas/core/tasks/backlog.py), but tasks it took must still end,
+# their results be read and their records archived, which is what frees the memory.
+# CREATE and MEMO_HIT (new work) are refused. The flag must be the script's first line.
+_ALLOW_OOM = "#!lua flags=allow-oom\n"
+
 # Commands over many members go out in slices (Lua's unpack has a stack limit).
 _BULK = """
 local function bulk(cmd, key, items, width)
@@ -74,7 +81,7 @@ end
 
 # A final state is written once; duplicates (redelivered packs) are counted and ignored.
 # One HMGET and one HSET per task; the leases, outbox and load updates once per batch.
-FINISH = _BULK + _PREV + """
+FINISH = _ALLOW_OOM + _BULK + _PREV + """
 local rows = cjson.decode(ARGV[1])
 local now = ARGV[2]
 local from = ARGV[4] or ''
@@ -166,7 +173,7 @@ return {0}
 # announced on done:<owner>: the SDK has the results already, and an entry nobody pushes
 # would show its connections a gap. The SDK got each result from the agent: it counts as
 # retrieved (rt): once archived, its record expires result_ttl after that.
-DIRECT = _BULK + """
+DIRECT = _ALLOW_OOM + _BULK + """
 local rows = cjson.decode(ARGV[1])
 local now, from = ARGV[2], ARGV[4]
 local sessions, recent, owners = {}, {}, {}
@@ -214,7 +221,7 @@ return {stored, dup, unknown}
 _RANK = "{CREATED=0, QUEUED=1, DISPATCHED=2, RUNNING=3}"
 
 # Progress never moves a task backwards; LEASE only extends a live lease.
-PROGRESS = _BULK + """
+PROGRESS = _ALLOW_OOM + _BULK + """
 local rank = """ + _RANK + """
 local rows = cjson.decode(ARGV[1])
 local now = tonumber(ARGV[2])
@@ -243,7 +250,7 @@ return applied
 # Expired leases: back to QUEUED with one more retry, or FAILED past the retry budget. The
 # failed ones are announced like FINISH's: one completion-stream entry per owner, returned
 # with the reasons (for the results push).
-EXPIRE = _UNLOAD + _PREV + """
+EXPIRE = _ALLOW_OOM + _UNLOAD + _PREV + """
 local now = ARGV[1]
 local ids = redis.call('ZRANGEBYSCORE', 'leases', '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
 local requeued, failed = 0, 0
@@ -283,7 +290,7 @@ return {requeued, failed, notices}
 """
 
 # A cancel newly written returns its completion-stream entry (prev, id); a retried one none.
-CANCEL = _UNLOAD + _PREV + """
+CANCEL = _ALLOW_OOM + _UNLOAD + _PREV + """
 local key = 't:' .. ARGV[1]
 local s = redis.call('HGET', key, 's')
 if not s then return false end
@@ -311,7 +318,7 @@ end
 """
 
 # Results handed over by the push count as read.
-RETRIEVED = _EXPIRE_READ + """
+RETRIEVED = _ALLOW_OOM + _EXPIRE_READ + """
 local now = ARGV[1]
 local ttl_ms = math.floor(tonumber(ARGV[2]) * 1000)
 for i = 3, #ARGV do read_now('t:' .. ARGV[i], now, ttl_ms) end
@@ -320,7 +327,7 @@ return #ARGV - 2
 
 # The history fields (ARGV[1], comma-separated) of the task records ARGV[2..]: one command
 # for a whole drain batch instead of one HMGET each (false for a record that is gone).
-HISTORY_READ = """
+HISTORY_READ = _ALLOW_OOM + """
 local fields = {}
 for f in string.gmatch(ARGV[1], '[^,]+') do fields[#fields + 1] = f end
 local out = {}
@@ -330,7 +337,7 @@ return out
 
 # Records written to the durable history (lambdas/history.py): marked, counted and given
 # their expiry: result_ttl after their read (already past: gone now), else unretrieved_ttl.
-ARCHIVED = """
+ARCHIVED = _ALLOW_OOM + """
 local now, ttl, unread = tonumber(ARGV[1]), tonumber(ARGV[2]), math.floor(tonumber(ARGV[3]) * 1000)
 local n = 0
 for i = 4, #ARGV do
@@ -350,7 +357,7 @@ return n
 """
 
 # Status read: owner-checked; final tasks are marked retrieved (their expiry: _EXPIRE_READ).
-STATUS = _EXPIRE_READ + """
+STATUS = _ALLOW_OOM + _EXPIRE_READ + """
 local ids = cjson.decode(ARGV[1])
 local owner, now, ttl_ms, with_events = ARGV[2], ARGV[3], math.floor(tonumber(ARGV[4]) * 1000), ARGV[5] == '1'
 local out = {}

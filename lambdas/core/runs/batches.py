@@ -28,7 +28,7 @@ import orjson
 from lambdas.adapters import aws
 from lambdas.core import deps
 from lambdas.core.identity import allowlist
-from lambdas.core.tasks import idempotency, push, registry, tasks
+from lambdas.core.tasks import backlog, idempotency, push, registry, tasks
 from lambdas.core.runs import runs, steps
 from lambdas.core.errors import Conflict, NotFound
 from lambdas.core.ids import new_id, new_ids
@@ -86,6 +86,7 @@ def submit(owner: str, req: SubmitBatch) -> tuple[dict[str, Any], bool]:
         return Conflict(f"a batch with idempotency key {req.idempotency_key!r} is still being submitted: "
                         "retry in a moment")
 
+    backlog.check()  # 429 backlog while the archiver is behind: nothing staged, the key not claimed
     return idempotency.submit_once(owner, key, lambda: _submit(owner, req), busy=busy)
 
 
