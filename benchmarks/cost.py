@@ -327,8 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {n:<8} history {b['history']:.4f} -> {a['history']:.4f}   total {b['total']:.4f} -> {a['total']:.4f}")
     c = archive["capacity"]
     print(f"archive capacity: {c['drainers']} drainers x {c['batch']:,} tasks / {c['seconds_per_batch']} s "
-          f"x duty {c['duty_cycle']:.3f} = {c['tasks_per_s']:,.0f} tasks/s (batch time and page bytes: placeholders "
-          "in infra/aws/sizing.py until measured)")
+          f"x duty {c['duty_cycle']:.3f} = {c['tasks_per_s']:,.0f} tasks/s (batch time and page bytes: "
+          "infra/aws/sizing.py, from benchmarks/archive.py with room for Lambda's CPU share)")
     if args.json:
         print(json.dumps({"tasks": args.tasks, "region": prices["region"], "prices_date": prices["date"],
                           "lambda_architecture": ARCHITECTURE,

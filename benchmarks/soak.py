@@ -311,6 +311,7 @@ class Soak:
         self.samples: list[dict] = []
         self.probes: list[tuple[float, float | None, float | None]] = []  # (offset s, rtt ms or None, POST ms)
         self.probe_errors: dict[str, int] = {}
+        self.probe_ids: list[str | None] = []  # the task of each probe, for the stages of the slowest
         self.offered = 0
         self.held_back = 0
         self.kill: dict = {}
@@ -337,14 +338,19 @@ class Soak:
             pipe.llen("outbox")
             pipe.dbsize()
             pipe.get("stats:archived")
-            mem, stats, keyspace, outbox, dbsize, archived = pipe.execute()
+            pipe.info("persistence")
+            mem, stats, keyspace, outbox, dbsize, archived, persistence = pipe.execute()
         except Exception as exc:  # noqa: BLE001 - redis down (killed on purpose): a gap in the series
             return {"redis_error": f"{type(exc).__name__}: {str(exc)[:80]}"}
         db0 = keyspace.get("db0") or {}
         return {"used_memory": mem.get("used_memory"), "maxmemory": mem.get("maxmemory"),
                 "expired_keys": stats.get("expired_keys"), "evicted_keys": stats.get("evicted_keys"),
                 "expires": db0.get("expires", 0) if isinstance(db0, dict) else None,
-                "outbox": outbox, "dbsize": dbsize, "archived": int(archived) if archived is not None else None}
+                "outbox": outbox, "dbsize": dbsize, "archived": int(archived) if archived is not None else None,
+                # the append-only file's rewrites (forks) and fsyncs Redis had to wait for
+                "total_forks": stats.get("total_forks"), "latest_fork_usec": stats.get("latest_fork_usec"),
+                "aof_delayed_fsync": persistence.get("aof_delayed_fsync"),
+                "aof_rewrite_in_progress": persistence.get("aof_rewrite_in_progress")}
 
     @staticmethod
     def memory_by_prefix(r, per_prefix: int = 200) -> dict:
@@ -424,6 +430,25 @@ class Soak:
     _pids_at = 0.0
 
     # -- probe ------------------------------------------------------------------------
+    def slowest_probe_stages(self, window_s: float, n: int = 8) -> list[dict]:
+        """Where the slowest probes of the window spent their time: the gaps between their
+        events (from the hot store, or from the durable history once they left it)."""
+        from skyfn import Client
+
+        ranked = sorted((p[1], p[0], tid) for p, tid in zip(self.probes, self.probe_ids)
+                        if p[1] is not None and tid and p[0] < window_s)[-n:]
+        out = []
+        with Client() as c:
+            for rtt, off, tid in reversed(ranked):
+                try:
+                    events = c.get_task(tid, peek=True).get("events") or []
+                except Exception as exc:  # noqa: BLE001 - reported, not fatal
+                    out.append({"at_s": off, "rtt_ms": rtt, "error": f"{type(exc).__name__}: {exc}"[:120]})
+                    continue
+                gaps = {f"{a[0]}->{b[0]}": _r((b[1] - a[1]) * 1000) for a, b in zip(events, events[1:])}
+                out.append({"at_s": off, "rtt_ms": rtt, "stages_ms": gaps})
+        return out
+
     def prober(self, fid: str, endpoint_id: str) -> None:
         from skyfn import Client
 
@@ -431,7 +456,7 @@ class Soak:
             k = 0
             while not self.stop.is_set():
                 at = time.monotonic()
-                rtt = posted = None
+                rtt = posted = tid = None
                 try:
                     tid = c.run(fid, -1 - k, endpoint_id=endpoint_id)
                     posted = (time.monotonic() - at) * 1000
@@ -441,6 +466,7 @@ class Soak:
                     key = f"{type(exc).__name__}: {str(exc)[:100]}"
                     self.probe_errors[key] = self.probe_errors.get(key, 0) + 1
                 self.probes.append((round(at - self.t0, 3), _r(rtt), _r(posted)))
+                self.probe_ids.append(tid)
                 k += 1
                 nxt = self.t0 + (int((time.monotonic() - self.t0) / 1.0) + 1) * 1.0
                 if self.stop.wait(max(0.0, nxt - time.monotonic())):
@@ -695,6 +721,7 @@ class Soak:
             "p99_rtt_max_over_min": _r(spread),
             "probes": len(probes), "probe_failures": sum(1 for _, r, _ in probes if r is None),
             "probe_errors": self.probe_errors,
+            "slowest_probes": self.slowest_probe_stages(window_s),
             "http_429": http.n429, "http_status": http.counts, "http_responses": http.responses,
             "outbox_max": max([self.outbox_peak, *outboxes]) if outboxes else None, "outbox_end": final.get("outbox"),
             "rss_mb_max": rss_max, "runtime_cpu_s": cpu_used,

@@ -29,6 +29,7 @@ class Settings:
     sqs_queue_prefix: str
     history_ttl_days: float = 0.0  # 0: the durable history never expires
     history_drain_margin_s: float = 5.0  # a history drain stops taking batches this long before its timeout
+    history_max_batches: int = 0  # batches one drain invocation takes at most (0: while there is work)
     memo_ttl: float = 7 * 24 * 3600.0  # how long a memoized result answers repeat calls
     # authentication and limits (lambdas/auth.py, lambdas/core/identity/limits.py)
     auth_provider: str = "jwt"       # jwt: verify tokens here; cognito|globus: API Gateway's authorizer did
@@ -118,6 +119,7 @@ def settings() -> Settings:
         unretrieved_ttl=_float("SKYFN_UNRETRIEVED_TTL", 7 * 24 * 3600.0),
         history_batch=int(_float("SKYFN_HISTORY_BATCH", 2000)),
         history_drain_margin_s=_float("SKYFN_HISTORY_DRAIN_MARGIN_S", 5.0),
+        history_max_batches=int(_float("SKYFN_HISTORY_MAX_BATCHES", 0)),
         sqs_queue_prefix=os.environ.get("SKYFN_SQS_PREFIX", prefix),
         history_ttl_days=_float("SKYFN_HISTORY_TTL_DAYS", 0.0),
         memo_ttl=_float("SKYFN_MEMO_TTL", 7 * 24 * 3600.0),

@@ -64,8 +64,9 @@ def flush(limit: int | None = None) -> dict[str, int]:
     return {"taken": len(entries), "submissions": len(submissions), "tasks": len(records), "pages": pages}
 
 
-def drain(seconds: float, batch: int | None = None) -> dict[str, int]:
-    """Archive batches until the outbox is empty or `seconds` have passed."""
+def drain(seconds: float, batch: int | None = None, max_batches: int = 0) -> dict[str, int]:
+    """Archive batches until the outbox is empty, `seconds` have passed or (when not 0)
+    `max_batches` were taken."""
     batch = batch or settings().history_batch
     deadline = time.monotonic() + seconds
     total = {"batches": 0, "taken": 0, "submissions": 0, "tasks": 0, "pages": 0}
@@ -75,7 +76,7 @@ def drain(seconds: float, batch: int | None = None) -> dict[str, int]:
             total["batches"] += 1
             for k in ("taken", "submissions", "tasks", "pages"):
                 total[k] += got[k]
-        if got["taken"] < batch or time.monotonic() >= deadline:
+        if got["taken"] < batch or time.monotonic() >= deadline or total["batches"] == max_batches:
             return total
 
 
@@ -84,7 +85,7 @@ def handler(event: dict, context: LambdaContext) -> dict:
 
     seconds = context.get_remaining_time_in_millis() / 1000 - settings().history_drain_margin_s
     started = time.monotonic()
-    total = drain(max(0.0, seconds))
+    total = drain(max(0.0, seconds), max_batches=settings().history_max_batches)
     total["seconds"] = round(time.monotonic() - started, 3)
     if total["taken"]:
         logger.info("drained", extra=total)

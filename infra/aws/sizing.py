@@ -52,9 +52,10 @@ PARTITION_WCU_PER_S = 1_000     # DynamoDB's limit per partition (and per partit
 ON_DEMAND_INITIAL_WCU_PER_S = 4_000  # a new on-demand table serves this many at once (then doubles its peak)
 
 # --- the hot store -------------------------------------------------------------------------
-# PLACEHOLDER until the soak run reports redis_bytes_per_task: a finished no-op task's
-# Redis record as measured before issue 24 (about 850 bytes).
-REDIS_BYTES_PER_TASK = 850
+# A finished no-op task's share of the hot store's memory with results read as they come:
+# 671 and 721 bytes (`redis_bytes_per_task` of two `benchmarks/soak.py` runs at 5,100 tasks/s;
+# the record itself is 536 bytes, the rest its share of the outbox, indexes and streams).
+REDIS_BYTES_PER_TASK = 720
 
 
 def duty_cycle(timeout_s: float = HISTORY_TIMEOUT_S, margin_s: float = HISTORY_DRAIN_MARGIN_S,

@@ -98,3 +98,22 @@ def test_the_drain_keeps_going_while_the_outbox_holds_work(service_env, api, mon
     r = deps.redis_client()
     assert 0 < r.ttl(f"t:{ids[0]}") <= 600 and r.ttl(f"t:{ids[-1]}") > 6 * 86400  # read / never read
     assert len(deps.dynamo().get_tasks("alice", ids[::50])) == 100
+
+
+def test_a_drain_takes_at_most_max_batches_when_bounded(service_env, monkeypatch):
+    """SKYFN_HISTORY_MAX_BATCHES bounds one invocation (what a slower archive looks like:
+    the soak benchmark's backpressure run); the rest waits in the outbox."""
+    from lambdas import history
+    from lambdas.core import deps
+    from tests.service.conftest import Context
+
+    store = deps.store()
+    now = time.time()
+    ids = uuid7s(3_000)
+    store.create("alice", "sub-1", [[t, "fn", "ep1", 0] for t in ids], now, now)
+    store.finish([[t, "SUCCEEDED", "json 3.11\n1", None, None, ""] for t in ids])
+    monkeypatch.setenv("SKYFN_HISTORY_BATCH", "1000")
+    monkeypatch.setenv("SKYFN_HISTORY_MAX_BATCHES", "2")
+    deps.reset()
+    out = history.handler({}, Context())
+    assert (out["batches"], out["tasks"], store.outbox_length()) == (2, 2_000, 1_001)  # and the submission record
