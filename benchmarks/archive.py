@@ -28,6 +28,18 @@ from infra.local.processes import start_moto, start_redis  # noqa: E402
 
 OWNER = "u-0f3b8d5e-1c2a-4b7e-9d21-5a6c7e8f9a0b"
 
+# The task table before issue 24: one item per task, keyed by its id, with an owner-index
+# (also what scripts/snapshot_timing.py fills to time snapshots of a large table).
+PER_TASK_TABLE = dict(
+    BillingMode="PAY_PER_REQUEST",
+    AttributeDefinitions=[{"AttributeName": "task_id", "AttributeType": "S"},
+                          {"AttributeName": "owner", "AttributeType": "S"},
+                          {"AttributeName": "created", "AttributeType": "N"}],
+    KeySchema=[{"AttributeName": "task_id", "KeyType": "HASH"}],
+    GlobalSecondaryIndexes=[{"IndexName": "owner-index", "Projection": {"ProjectionType": "ALL"},
+                             "KeySchema": [{"AttributeName": "owner", "KeyType": "HASH"},
+                                           {"AttributeName": "created", "KeyType": "RANGE"}]}])
+
 
 def _cpu(p: psutil.Process) -> float:
     t = p.cpu_times()
@@ -57,15 +69,7 @@ def _per_item_peer(url: str, items: list[dict]) -> dict[str, float]:
     from lambdas.adapters.dynamodb import _dynamo
 
     ddb = boto3.resource("dynamodb", endpoint_url=url)
-    ddb.meta.client.create_table(
-        TableName="peer-tasks", BillingMode="PAY_PER_REQUEST",
-        AttributeDefinitions=[{"AttributeName": "task_id", "AttributeType": "S"},
-                              {"AttributeName": "owner", "AttributeType": "S"},
-                              {"AttributeName": "created", "AttributeType": "N"}],
-        KeySchema=[{"AttributeName": "task_id", "KeyType": "HASH"}],
-        GlobalSecondaryIndexes=[{"IndexName": "owner-index", "Projection": {"ProjectionType": "ALL"},
-                                 "KeySchema": [{"AttributeName": "owner", "KeyType": "HASH"},
-                                               {"AttributeName": "created", "KeyType": "RANGE"}]}])
+    ddb.meta.client.create_table(TableName="peer-tasks", **PER_TASK_TABLE)
     table = ddb.Table("peer-tasks")
     started = time.perf_counter()
     with table.batch_writer(overwrite_by_pkeys=["task_id"]) as batch:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.archive import PER_TASK_TABLE  # noqa: E402
 from infra.local import snapshot  # noqa: E402
 from infra.local.processes import start_moto  # noqa: E402
 
@@ -60,15 +61,7 @@ def main() -> None:
             moto = start_moto(Path(tmp) / "moto")
             try:
                 ddb, _ = snapshot._clients(moto.url)
-                ddb.create_table(
-                    TableName="timing-tasks", BillingMode="PAY_PER_REQUEST",
-                    AttributeDefinitions=[{"AttributeName": "task_id", "AttributeType": "S"},
-                                          {"AttributeName": "owner", "AttributeType": "S"},
-                                          {"AttributeName": "created", "AttributeType": "N"}],
-                    KeySchema=[{"AttributeName": "task_id", "KeyType": "HASH"}],
-                    GlobalSecondaryIndexes=[{"IndexName": "owner-index", "Projection": {"ProjectionType": "ALL"},
-                                             "KeySchema": [{"AttributeName": "owner", "KeyType": "HASH"},
-                                                           {"AttributeName": "created", "KeyType": "RANGE"}]}])
+                ddb.create_table(TableName="timing-tasks", **PER_TASK_TABLE)
                 t0 = time.monotonic()
                 fill(ddb, "timing-tasks", n)
                 t1 = time.monotonic()

@@ -256,14 +256,17 @@ def _drain_later(r, seconds: float) -> threading.Thread:
     return t
 
 
-def test_the_sdk_retries_a_backlog_429_until_it_is_taken(bounded, gateway, r):
+@pytest.mark.parametrize("retry_seconds,backlog_s", [(60.0, 1.5), (0.5, 3.0)])
+def test_the_sdk_retries_a_backlog_429_until_it_is_taken(bounded, gateway, r, retry_seconds, backlog_s):
+    """Retry-After is honoured, and a backlog outlasting retry_seconds (which bounds outages)
+    is still waited out: each backlog answer renews it, up to backlog_seconds."""
     from skyfn import Client
 
     api, fid, ep = bounded
     gw, statuses = gateway
     fill_outbox(r, BOUND + 1)
-    drained = _drain_later(r, 1.5)
-    client = Client(gw.url, api.token)
+    drained = _drain_later(r, backlog_s)
+    client = Client(gw.url, api.token, retry_seconds=retry_seconds)
     try:
         t0 = time.monotonic()
         ids = client.submit_tasks([{"function_id": fid, "payload": pack_args((1,), {})}] * 4, ep)
@@ -274,23 +277,6 @@ def test_the_sdk_retries_a_backlog_429_until_it_is_taken(bounded, gateway, r):
     assert len(ids) == 4 and len(task_keys(r)) == 4  # taken once, after the refusals
     assert statuses.count(429) >= 1 and statuses[-1] == 202, statuses
     assert took >= 1.0  # it honoured Retry-After (1 s) between attempts
-
-
-def test_a_backlog_outlasting_retry_seconds_is_still_waited_out(bounded, gateway, r):
-    """retry_seconds bounds outages; a backlog answer renews it (up to backlog_seconds)."""
-    from skyfn import Client
-
-    api, fid, ep = bounded
-    gw, statuses = gateway
-    fill_outbox(r, BOUND + 1)
-    drained = _drain_later(r, 3.0)
-    client = Client(gw.url, api.token, retry_seconds=0.5)
-    try:
-        ids = client.submit_tasks([{"function_id": fid, "payload": pack_args((1,), {})}] * 2, ep)
-    finally:
-        client.close()
-    drained.join()
-    assert len(ids) == 2 and statuses.count(429) >= 2 and statuses[-1] == 202, statuses
 
 
 def test_the_executor_keeps_its_futures_through_a_backlog(bounded, gateway, r):
