@@ -116,4 +116,4 @@ def test_a_drain_takes_at_most_max_batches_when_bounded(service_env, monkeypatch
     monkeypatch.setenv("SKYFN_HISTORY_MAX_BATCHES", "2")
     deps.reset()
     out = history.handler({}, Context())
-    assert (out["batches"], out["tasks"], store.outbox_length()) == (2, 2_000, 1_001)  # and the submission record
+    assert (out["batches"], out["tasks"], store.outbox_length()) == (2, 2_000, 1_000)
