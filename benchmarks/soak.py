@@ -84,6 +84,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import logging
 import os
 import resource
@@ -669,9 +670,10 @@ class Soak:
         # probes by minute
         rtts_by_minute: dict[int, list[float]] = {}
         probes = [p for p in self.probes if p[0] < window_s]  # not one started as the window closed
+        whole_minutes = max(1, math.ceil(window_s / 60 - 1e-6))  # a probe started at the very end is not a minute
         for off, rtt, _ in probes:
             if rtt is not None:
-                rtts_by_minute.setdefault(int(off // 60), []).append(rtt)
+                rtts_by_minute.setdefault(min(int(off // 60), whole_minutes - 1), []).append(rtt)
         minutes = sorted(rtts_by_minute)
         p99_m = [_r(percentile(rtts_by_minute[m], 0.99)) for m in minutes]
         p50_m = [_r(statistics.median(rtts_by_minute[m])) for m in minutes]
