@@ -340,7 +340,8 @@ class Soak:
             pipe.dbsize()
             pipe.get("stats:archived")
             pipe.info("persistence")
-            mem, stats, keyspace, outbox, dbsize, archived, persistence = pipe.execute()
+            pipe.xlen("results")
+            mem, stats, keyspace, outbox, dbsize, archived, persistence, results = pipe.execute()
         except Exception as exc:  # noqa: BLE001 - redis down (killed on purpose): a gap in the series
             return {"redis_error": f"{type(exc).__name__}: {str(exc)[:80]}"}
         db0 = keyspace.get("db0") or {}
@@ -351,7 +352,8 @@ class Soak:
                 # the append-only file's rewrites (forks) and fsyncs Redis had to wait for
                 "total_forks": stats.get("total_forks"), "latest_fork_usec": stats.get("latest_fork_usec"),
                 "aof_delayed_fsync": persistence.get("aof_delayed_fsync"),
-                "aof_rewrite_in_progress": persistence.get("aof_rewrite_in_progress")}
+                "aof_rewrite_in_progress": persistence.get("aof_rewrite_in_progress"),
+                "results_stream": results}  # result packs the agent sent that the service has not yet applied
 
     @staticmethod
     def memory_by_prefix(r, per_prefix: int = 200) -> dict:
@@ -670,7 +672,7 @@ class Soak:
         # probes by minute
         rtts_by_minute: dict[int, list[float]] = {}
         probes = [p for p in self.probes if p[0] < window_s]  # not one started as the window closed
-        whole_minutes = max(1, math.ceil(window_s / 60 - 1e-6))  # a probe started at the very end is not a minute
+        whole_minutes = max(1, math.ceil(window_s / 60 - 0.01))  # a probe started at the very end is not a minute
         for off, rtt, _ in probes:
             if rtt is not None:
                 rtts_by_minute.setdefault(min(int(off // 60), whole_minutes - 1), []).append(rtt)
