@@ -60,7 +60,7 @@ bench-warming: install
 .PHONY: soak
 SOAK_ARGS ?=
 soak: install
-	$(PY) benchmarks/soak.py --json --rate 5000 --minutes 10 --result-ttl 60 $(SOAK_ARGS)
+	$(PY) benchmarks/soak.py --json --rate 5100 --minutes 10 --result-ttl 60 --batch-size 2000 $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,9 +1,9 @@
 """Sustained load on the embedded runtime (issue 24): no-op tasks submitted at a held rate
 for minutes, results read as they come, while the service's Redis is watched.
 
-    python benchmarks/soak.py --json [--rate 5000] [--minutes 10] [--kill-redis-at SECONDS]
+    python benchmarks/soak.py --json [--rate 5100] [--minutes 10] [--kill-redis-at SECONDS]
         [--result-ttl 60] [--history-batch N] [--backlog-max N] [--redis-maxmemory BYTES]
-        [--workers 4] [--series samples.jsonl] [--env NAME=VALUE ...]
+        [--workers N (default: one per core)] [--series samples.jsonl] [--env NAME=VALUE ...]
 
 Starts a private embedded runtime (benchmarks/embedded.py: redis-server with its
 append-only file, moto, the service process, the endpoint `local` with `--workers`
@@ -758,7 +758,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     p.add_argument("--rate", type=float, default=5000.0, help="target tasks/s (default 5,000)")
     p.add_argument("--minutes", type=float, default=10.0, help="length of the submission window (may be fractional)")
-    p.add_argument("--workers", type=int, default=4, help="workers of the endpoint")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 2,
+                   help="workers of the endpoint (default: one per core; more only add to the tail)")
     p.add_argument("--kill-redis-at", type=float, default=None, metavar="SECONDS",
                    help="SIGKILL redis-server this many seconds into the run, restart it after --redis-outage")
     p.add_argument("--redis-outage", type=float, default=1.0, help="seconds redis stays down (default 1)")
