@@ -19,6 +19,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from lambdas.config import settings
 from lambdas.core import deps
+from lambdas.core.tasks import backlog
 from skyfn.protocol.states import parse_events
 
 logger = Logger(service="skyfn-history")
@@ -81,8 +82,6 @@ def drain(seconds: float, batch: int | None = None, max_batches: int = 0) -> dic
 
 
 def handler(event: dict, context: LambdaContext) -> dict:
-    from lambdas.core.tasks import backlog
-
     seconds = context.get_remaining_time_in_millis() / 1000 - settings().history_drain_margin_s
     started = time.monotonic()
     total = drain(max(0.0, seconds), max_batches=settings().history_max_batches)

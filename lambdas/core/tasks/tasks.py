@@ -75,11 +75,13 @@ def submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None,
 
 def _pack_answer(owner: str, key: str, answer: dict[str, Any]) -> bytes:
     """A keyed submission's answer as kept for its replays: when its ids are the ones its
-    key derives (keyed_ids), their count alone (b'k:<n>'), not 37 bytes per task."""
-    n = len(answer["task_ids"])
-    if (answer["submission_id"] == keyed_ids(owner, key, 1, "submission")[0]
-            and answer["task_ids"] == keyed_ids(owner, key, n)):
-        return b"k:%d" % n
+    key derives (keyed_ids), their count alone (b'k:<n>'), not 37 bytes per task. The ids are
+    all derived or all assigned beforehand (a batch's), and keyed_ids(.., 1) is the first of
+    keyed_ids(.., n): comparing the first id tells which, without making n ids again."""
+    ids = answer["task_ids"]
+    if (ids and answer["submission_id"] == keyed_ids(owner, key, 1, "submission")[0]
+            and ids[0] == keyed_ids(owner, key, 1)[0]):
+        return b"k:%d" % len(ids)
     return orjson.dumps(answer)
 
 
