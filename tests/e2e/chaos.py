@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -106,8 +107,10 @@ class Killer(threading.Thread):
         self.rng = random.Random(seed)
         self.outage = outage
         self.kills: list[dict] = []
+        self.misses: collections.Counter = collections.Counter()  # turns at which the victim was not there
         self.errors: list[str] = []
         self.wanted: int | None = None
+        self.stack_at_timeout: str | None = None
         self._halt = threading.Event()
 
     def stop(self) -> None:
@@ -133,10 +136,13 @@ class Killer(threading.Thread):
                 misses.clear()
             victim = bag.pop()
             try:
+                began = time.time()
                 pid = self.kill(victim)
                 if pid is not None:
-                    self.kills.append({"victim": victim, "pid": pid, "at": time.time()})
-                elif misses[victim] < 3:
+                    self.kills.append({"victim": victim, "pid": pid, "at": began, "took": time.time() - began})
+                    continue
+                self.misses[victim] += 1
+                if misses[victim] < 3:
                     misses[victim] += 1
                     bag.insert(0, victim)  # not there now: again at the end of this round
             except Exception as exc:  # noqa: BLE001 - the run goes on; the report shows it
@@ -247,6 +253,8 @@ def run(tasks: int = 20000, clients: int = 4, pace: float = 120.0, interval: tup
         killer.wanted = min_kills
         while killer.least_killed() < min_kills and time.time() < until:
             time.sleep(0.2)
+        if killer.least_killed() < min_kills:  # where the killer is, for the report: a restart that hangs shows here
+            killer.stack_at_timeout = "".join(traceback.format_stack(sys._current_frames().get(killer.ident)))
         killer.stop()
         killer.join(60)
         chaos_seconds = time.time() - started
@@ -307,6 +315,8 @@ def _report(home, procs, per, killer, chaos_seconds, revived, seconds) -> dict:
         "executions": sum(executions.values()), "re_executed": sum(1 for n in executions.values() if n > 1),
         "service_states": dict(collections.Counter(states.values())),
         "kills": dict(collections.Counter(k["victim"] for k in killer.kills)), "kill_errors": killer.errors,
+        "kill_misses": dict(killer.misses), "killer_stack_at_timeout": killer.stack_at_timeout,
+        "kill_seconds": {v: [round(k["took"], 1) for k in killer.kills if k["victim"] == v] for v in VICTIMS},
         "revived_after_chaos": revived, "chaos_seconds": round(chaos_seconds, 1), "seconds": round(seconds, 1),
     }
 

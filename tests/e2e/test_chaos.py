@@ -15,7 +15,9 @@ def test_nothing_lost_or_duplicated_while_processes_are_killed(tmp_path):
     report = run(tasks=1500, clients=4, pace=40.0, interval=(1.5, 3.5), workers=2, seed=11, home=tmp_path / "home",
                  task_seconds=0.01, timeout=600, echo=lambda *_: None)
     assert report["kill_errors"] == []
-    assert all(report["kills"].get(v, 0) >= 2 for v in VICTIMS), report["kills"]
+    assert all(report["kills"].get(v, 0) >= 2 for v in VICTIMS), \
+        (report["kills"], report["kill_misses"], report["kill_seconds"], report["chaos_seconds"],
+         report["killer_stack_at_timeout"])
     assert report["lost"] == 0, report["lost_detail"]
     assert report["duplicated"] == 0, report["duplicated_detail"]
     assert report["completed"] + report["failed"] == report["submitted"] == 1500
