@@ -255,9 +255,12 @@ class Agent:
             opened = len(self._queues)
             try:
                 poll_queue = self._wrap("tasks", self._open(self.task_queue_desc))
-                poll_queue.ensure()
                 results_queue = self._wrap("results", self._open(self.results_queue_desc))
-                results_queue.ensure()
+                for queue, desc in ((poll_queue, self.task_queue_desc), (results_queue, self.results_queue_desc)):
+                    # a Redis stream needs its consumer group; SQS queues are the service's to create
+                    # (at registration, and the results queue by the stack): the agent role may not
+                    if getattr(desc, "kind", None) != "sqs":
+                        queue.ensure()
                 return poll_queue, results_queue, self._open(self.task_queue_desc)
             except (ImportError, ValueError):
                 raise

@@ -37,9 +37,19 @@ def endpoint_command() -> list[str]:
     return [sys.executable, "-m", "endpoint_agent"]
 
 
-def run(args: list[str], home: Path, timeout: float = 60.0) -> subprocess.CompletedProcess:
-    return subprocess.run(endpoint_command() + args, env=child_env({"SKYFN_HOME": str(home)}), cwd=str(REPO_ROOT),
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+def run(args: list[str], home: Path, timeout: float = 60.0, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(endpoint_command() + args, env=child_env({"SKYFN_HOME": str(home), **(env or {})}),
+                          cwd=str(REPO_ROOT), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def aws_env(record: dict) -> dict:
+    """The agent's AWS settings for a runtime whose queues are SQS (--from-templates): moto's
+    address and region; its credentials come from the service (its endpoint's session)."""
+    if not record.get("from_templates"):
+        return {}
+    region = (record.get("aws_deployer") or {}).get("AWS_REGION", "us-east-1")
+    return {"AWS_ENDPOINT_URL": record["aws_endpoint"], "AWS_DEFAULT_REGION": region, "AWS_REGION": region}
 
 
 def _last_line(result: subprocess.CompletedProcess) -> str:
@@ -72,9 +82,9 @@ def ensure_direct(name: str, home: Path) -> None:
         f.write(LOCAL_DIRECT if text.endswith("\n") else "\n" + LOCAL_DIRECT)
 
 
-def start(name: str, home: Path) -> None:
+def start(name: str, home: Path, env: dict | None = None) -> None:
     ensure_direct(name, home)
-    result = run(["start", name], home)
+    result = run(["start", name], home, env=env)
     if result.returncode != 0:
         raise RuntimeError(f"`skyfn-endpoint start {name}` failed: {_last_line(result)} "
                            f"(log: {Path(home) / 'endpoints' / name / 'agent.log'})")

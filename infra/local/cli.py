@@ -32,6 +32,10 @@ def local_up(
     aws_endpoint: Optional[str] = typer.Option(None, "--aws-endpoint", help="use this AWS endpoint (e.g. LocalStack) "
                                                                             "instead of starting moto"),
     no_endpoint: bool = typer.Option(False, "--no-endpoint", help="do not start the endpoint 'local'"),
+    from_templates: bool = typer.Option(False, "--from-templates", help="run the service as the synthesized "
+                                        "templates describe it (handlers, environments, resources, IAM enforced)"),
+    cdk_out: Optional[str] = typer.Option(None, "--cdk-out", help="the cloud assembly for --from-templates "
+                                          "(default: $SKYFN_CDK_OUT, else ./cdk.out of the checkout)"),
     home: Optional[str] = HOME_OPTION,
 ) -> None:
     """Start redis-server, moto, the service and the endpoint 'local'; write the client config."""
@@ -40,7 +44,7 @@ def local_up(
         from infra.local import runtime
 
         runtime.up(home, detach=detach, port=port, aws_endpoint=aws_endpoint, endpoint=not no_endpoint,
-                   echo=typer.echo)
+                   from_templates=from_templates or cdk_out is not None, cdk_out=cdk_out, echo=typer.echo)
     run_action(action)
 
 

@@ -51,8 +51,9 @@ class EventSourceMapping:
 
     def __init__(self, queue_factory: Callable[[], Any], handler: Handler | None = None, *,
                  function_name: str = "skyfn-results", batch_size: int = 100, wait_seconds: float = 1.0,
-                 timeout_seconds: float = 60.0, max_backoff: float = 5.0):
+                 timeout_seconds: float = 60.0, max_backoff: float = 5.0, declare: bool = True):
         self._queue_factory = queue_factory
+        self.declare = declare  # create the queue (a Redis stream's group); False: it exists, as Lambda's mapping expects
         self._handler = handler
         self.function_name = function_name
         self.batch_size = batch_size
@@ -75,7 +76,8 @@ class EventSourceMapping:
     def start(self) -> "EventSourceMapping":
         self.handler
         self._queue = self._queue_factory()
-        self._queue.ensure()
+        if self.declare:
+            self._queue.ensure()
         self._thread = threading.Thread(target=self._run, name=f"esm-{self.function_name}", daemon=True)
         self._thread.start()
         return self
@@ -99,7 +101,7 @@ class EventSourceMapping:
         backoff = 0.0
         while not self._stop.is_set():
             try:
-                if backoff:
+                if backoff and self.declare:
                     self._queue.ensure()  # the group may be gone if Redis restarted without its data
                 messages = self._queue.receive(self.batch_size, self.wait_seconds)
                 if backoff:

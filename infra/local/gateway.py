@@ -366,12 +366,13 @@ class Gateway:
     def __init__(self, handler: Handler | str = "lambdas.api:handler", host: str = "127.0.0.1", port: int = 0, *,
                  function_name: str = "skyfn-api", stage: str = "local", timeout_seconds: float = 29.0,
                  max_body: int = MAX_REQUEST_BYTES, concurrency: int | None = None,
-                 workers: tuple[int, int] = (2, 16), env: dict | None = None, websocket=None, ui: bool = False):
+                 workers: tuple[int, int] = (2, 16), env: dict | None = None, inherit: bool = True, websocket=None,
+                 ui: bool = False):
         if callable(handler):
             self.invoker = InProcess(handler, concurrency)
         else:
             self.invoker = LambdaPool(handler, min_workers=workers[0], max_workers=workers[1], env=env,
-                                      start_timeout=60.0)
+                                      inherit=inherit, start_timeout=60.0)
         self.host = host
         self.requested_port = port
         self.function_name = function_name

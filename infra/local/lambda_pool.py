@@ -38,9 +38,17 @@ class HandlerTimedOut(Exception):
     pass
 
 
-def child_env(extra: dict | None = None) -> dict:
-    """The environment of our child processes: ours, the repo root importable."""
-    env = dict(os.environ, **(extra or {}))
+# What a function's environment keeps of ours when it is built like Lambda's (`inherit=False`):
+# the process basics, never a SKYFN_, AWS_ or POWERTOOLS_ setting the function was not given.
+PROCESS_BASICS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONWARNINGS",
+                  "SKYFN_LOG_LEVEL")
+
+
+def child_env(extra: dict | None = None, inherit: bool = True) -> dict:
+    """The environment of our child processes: ours (or only its PROCESS_BASICS when not
+    `inherit`), then `extra`, the repo root importable."""
+    base = os.environ if inherit else {k: v for k, v in os.environ.items() if k in PROCESS_BASICS}
+    env = dict(base, **(extra or {}))
     path = env.get("PYTHONPATH", "")
     if str(REPO_ROOT) not in path.split(os.pathsep):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), path) if p)
@@ -48,13 +56,13 @@ def child_env(extra: dict | None = None) -> dict:
 
 
 class _Worker:
-    def __init__(self, target: str, env: dict | None, start_timeout: float, nice: int = 0):
+    def __init__(self, target: str, env: dict | None, start_timeout: float, nice: int = 0, inherit: bool = True):
         req_r, req_w = os.pipe()
         ans_r, ans_w = os.pipe()
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "infra.local.lambda_worker", target, str(req_r), str(ans_w)],
-                pass_fds=(req_r, ans_w), stdin=subprocess.DEVNULL, env=child_env(env), cwd=str(REPO_ROOT))
+                pass_fds=(req_r, ans_w), stdin=subprocess.DEVNULL, env=child_env(env, inherit), cwd=str(REPO_ROOT))
         finally:
             os.close(req_r)
             os.close(ans_w)
@@ -131,10 +139,12 @@ class InProcess:
 
 
 class LambdaPool:
-    """Invoke `target` ("module:attr") in up to `max_workers` environments at once."""
+    """Invoke `target` ("module:attr") in up to `max_workers` environments at once. Their
+    environment is ours plus `env`, or, with `inherit=False`, `env` alone (plus the process
+    basics), as Lambda builds a function's from its configuration."""
 
     def __init__(self, target: str, *, min_workers: int = 2, max_workers: int = 16, env: dict | None = None,
-                 start_timeout: float = 60.0, reuse_wait: float = 0.05, nice: int = 0):
+                 start_timeout: float = 60.0, reuse_wait: float = 0.05, nice: int = 0, inherit: bool = True):
         self.target = target
         self.min_workers = max(1, min_workers)
         self.max_workers = max(self.min_workers, max_workers)
@@ -142,13 +152,14 @@ class LambdaPool:
         self.start_timeout = start_timeout
         self.reuse_wait = reuse_wait
         self.nice = nice  # lower priority of its environments (background work)
+        self.inherit = inherit
         self._idle: queue.LifoQueue[_Worker] = queue.LifoQueue()
         self._all: set[_Worker] = set()
         self._lock = threading.Lock()
         self._closed = False
 
     def start(self) -> "LambdaPool":
-        first = _Worker(self.target, self.env, self.start_timeout, self.nice)  # surfaces import errors now
+        first = _Worker(self.target, self.env, self.start_timeout, self.nice, self.inherit)  # surfaces import errors now
         self._add(first)
         others = [threading.Thread(target=self._grow_idle, daemon=True) for _ in range(self.min_workers - 1)]
         for t in others:
@@ -164,7 +175,7 @@ class LambdaPool:
 
     def _grow_idle(self) -> None:
         try:
-            self._add(_Worker(self.target, self.env, self.start_timeout, self.nice))
+            self._add(_Worker(self.target, self.env, self.start_timeout, self.nice, self.inherit))
         except Exception:
             log.exception("starting a handler environment for %s failed", self.target)
 
@@ -189,7 +200,7 @@ class LambdaPool:
         if not grow:
             return self._idle.get()
         try:
-            worker = _Worker(self.target, self.env, self.start_timeout, self.nice)
+            worker = _Worker(self.target, self.env, self.start_timeout, self.nice, self.inherit)
         finally:
             with self._lock:
                 self._all.discard(placeholder)

@@ -163,11 +163,13 @@ MOTO_CONFIG = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use
 AWS_STAND_IN_NICE = 10
 
 
-def start_moto(workdir: Path, port: int | None = None, detach: bool = False, nice: int = 0) -> ServerProcess:
+def start_moto(workdir: Path, port: int | None = None, detach: bool = False, nice: int = 0,
+               env: dict | None = None) -> ServerProcess:
     """moto in server mode (DynamoDB, SQS, S3, Step Functions executing state machines),
     started through infra.local.sfn.moto_bridge so that Lambda Task states run our step
     handlers' real code (moto alone runs no Lambda code without Docker). `nice` is added
-    to its niceness (before it starts its threads, which inherit it)."""
+    to its niceness (before it starts its threads, which inherit it); `env` is added to its
+    environment."""
     import requests
 
     workdir = Path(workdir)
@@ -175,7 +177,7 @@ def start_moto(workdir: Path, port: int | None = None, detach: bool = False, nic
     port = port or free_port()
     log = open(workdir / "moto.log", "ab")
     repo = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ, MOTO_CALL_RESET_API="false", MOTO_PORT=str(port))
+    env = dict(os.environ, MOTO_CALL_RESET_API="false", MOTO_PORT=str(port), **(env or {}))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH", "")) if p)
     proc = subprocess.Popen([sys.executable, "-m", "infra.local.sfn.moto_bridge", "-H", "127.0.0.1", "-p", str(port)],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, cwd=repo,

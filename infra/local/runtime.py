@@ -230,12 +230,25 @@ def _wait_endpoint_online(url: str, token: str, name: str, timeout: float = 20.0
 
 
 def up(home=None, detach: bool = False, port: int | None = None, aws_endpoint: str | None = None,
-       endpoint: bool = True, api_workers: tuple[int, int] = (2, 16),
-       echo: Callable[[str], None] = print) -> dict:
+       endpoint: bool = True, api_workers: tuple[int, int] = (2, 16), from_templates: bool = False,
+       cdk_out: str | None = None, echo: Callable[[str], None] = print) -> dict:
     """Start the runtime. Detached: return once everything is healthy. Foreground: serve
-    until SIGINT/SIGTERM, then shut everything down."""
+    until SIGINT/SIGTERM, then shut everything down. `from_templates`: the service as the
+    cloud assembly `cdk_out` describes it (infra/local/template_runtime.py)."""
     state = StateDir.at(home)
     state.ensure()
+    templates = None
+    if from_templates:
+        from infra.local import template_runtime
+
+        if aws_endpoint:
+            raise LocalError("--from-templates runs its own moto (IAM enforced): leave out --aws-endpoint")
+        if not detach:
+            raise LocalError("--from-templates runs detached only: add --detach (the service runs in its own process)")
+        try:
+            templates = template_runtime.cdk_out_dir(cdk_out)
+        except template_runtime.TemplateRuntimeError as exc:
+            raise LocalError(str(exc)) from None
     procs = running_processes(state)
     record = state.read_runtime()
     if procs["service"] is not None:
@@ -264,7 +277,8 @@ def up(home=None, detach: bool = False, port: int | None = None, aws_endpoint: s
         if aws_endpoint:
             moto_port, aws_url = None, aws_endpoint.rstrip("/")
         else:
-            moto = start_moto(state.workdir("moto"), detach=True, nice=AWS_STAND_IN_NICE)
+            moto = start_moto(state.workdir("moto"), detach=True, nice=AWS_STAND_IN_NICE,
+                              env=template_runtime.moto_env(state) if templates else None)
             started.servers.append(moto)
             write_pidfile(state.pidfile("moto"), moto.pid)
             moto_port, aws_url = moto.port, moto.url
@@ -276,7 +290,14 @@ def up(home=None, detach: bool = False, port: int | None = None, aws_endpoint: s
             "redis_maxmemory": maxmemory,
             "aws_endpoint": aws_url, "moto_port": moto_port, "user": user, "detached": detach,
             "api_workers": list(api_workers), "started": time.time(), "python": sys.executable,
+            "from_templates": str(templates) if templates else None,
         })
+        if templates:
+            from infra.local import template_runtime
+
+            deployer = template_runtime.prepare(state, templates, template_runtime.LocalSide(
+                aws_url, redis.url, str(state.jwks_file), url), echo)
+            state.write_runtime({**state.read_runtime(), "aws_deployer": deployer})
         if detach:
             log = open(state.service_log, "ab")
             started.service_proc = subprocess.Popen(
@@ -300,7 +321,7 @@ def up(home=None, detach: bool = False, port: int | None = None, aws_endpoint: s
             _wait_healthy(url, token, None, state.service_log)
         state.write_client_config(url, token)
         if endpoint:
-            agent.start(ENDPOINT, state.home)
+            agent.start(ENDPOINT, state.home, env=agent.aws_env(state.read_runtime()))
             _wait_endpoint_online(url, token, ENDPOINT)
     except BaseException as exc:
         started.undo()
@@ -352,11 +373,22 @@ def _save_aws_state(state: StateDir, echo: Callable[[str], None]) -> None:
     aws_url = state.read_runtime().get("aws_endpoint")
     if not aws_url or state.read_runtime().get("moto_port") is None:
         return
+    deployer = state.read_runtime().get("aws_deployer")  # IAM enforced (--from-templates): the deployer's keys
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    if deployer:
+        os.environ.update(AWS_ACCESS_KEY_ID=deployer["AWS_ACCESS_KEY_ID"],
+                          AWS_SECRET_ACCESS_KEY=deployer["AWS_SECRET_ACCESS_KEY"])
     try:
         snapshot.save(aws_url, _snapshot_dir(state))
     except Exception as exc:  # noqa: BLE001 - stopping goes on; the previous snapshot stays whole
         echo(f"warning: could not save moto's DynamoDB/S3 state ({type(exc).__name__}: {exc}); "
              f"the registry and task history of this run are lost when moto stops")
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 # -- down ------------------------------------------------------------------------------

@@ -33,6 +33,9 @@ class Schedule:
     lazy: bool = False  # handler is a factory returning the handler (resolved on start)
     target: str | None = None  # "module:attr": run in its own environment instead of `handler`
     nice: int = 0  # added to the niceness of the target's environment
+    env: dict | None = None  # the target's environment: ours plus this, or (inherit=False) this alone
+    inherit: bool = True
+    event: dict | None = None  # what the rule's target passes (its Input); default: a Scheduled Event
     timeout_seconds: float = 60.0
     runs: int = 0
     failures: int = 0
@@ -60,7 +63,8 @@ class Scheduler:
         for s in self.schedules:
             if s.target is not None:
                 if s._pool is None:  # one environment: a schedule never overlaps itself
-                    s._pool = LambdaPool(s.target, min_workers=1, max_workers=1, nice=s.nice).start()
+                    s._pool = LambdaPool(s.target, min_workers=1, max_workers=1, nice=s.nice, env=s.env,
+                                         inherit=s.inherit).start()
             elif s.lazy:
                 s.handler, s.lazy = s.handler(), False
         for s in self.schedules:
@@ -98,9 +102,9 @@ class Scheduler:
         s.runs += 1
         try:
             if s._pool is not None:
-                s._pool.invoke(scheduled_event(s.name), s.name, s.timeout_seconds, str(uuid.uuid4()))
+                s._pool.invoke(s.event or scheduled_event(s.name), s.name, s.timeout_seconds, str(uuid.uuid4()))
             else:
-                s.handler(scheduled_event(s.name), LocalLambdaContext(s.name, s.timeout_seconds))
+                s.handler(s.event or scheduled_event(s.name), LocalLambdaContext(s.name, s.timeout_seconds))
         except Exception as exc:
             s.failures += 1
             s.last_error = f"{type(exc).__name__}: {exc}"

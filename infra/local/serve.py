@@ -75,13 +75,20 @@ class Service:
 
     def __init__(self, redis_url: str, *, port: int = 0, api="lambdas.api:handler", results=None,
                  schedules=None, api_workers: tuple[int, int] = (2, 16), results_visibility: float = 30.0,
-                 reaper_period: float = 5.0, history_period: float = 2.0, push: bool = True):
+                 reaper_period: float = 5.0, history_period: float = 2.0, push: bool = True,
+                 api_env: dict | None = None, api_function: str = "skyfn-api", results_queue=None,
+                 results_batch: int = 100, results_function: str = "skyfn-results"):
+        """`api_env` (with it, the API's environments are built from it alone, as Lambda's),
+        `results_queue` (a factory of the results queue; default: the runtime's Redis
+        stream) and the functions' names serve the runtime started from the templates."""
         from infra.local.push_hub import PushHub
 
         self.push_hub = PushHub(redis_url) if push else None  # the WebSocket API (results push)
-        self.gateway = Gateway(api, port=port, workers=api_workers, websocket=self.push_hub, ui=push)
-        self.event_source = EventSourceMapping(lambda: redis_results_queue(redis_url, "results", results_visibility),
-                                               results)
+        self.gateway = Gateway(api, port=port, workers=api_workers, websocket=self.push_hub, ui=push,
+                               function_name=api_function, env=api_env, inherit=api_env is None)
+        self.event_source = EventSourceMapping(
+            results_queue or (lambda: redis_results_queue(redis_url, "results", results_visibility)), results,
+            function_name=results_function, batch_size=results_batch, declare=results_queue is None)
         self.scheduler = Scheduler(schedules if schedules is not None
                                    else default_schedules(reaper_period, history_period))
 
@@ -141,6 +148,17 @@ def main(argv: list[str] | None = None) -> int:
         log.error("no %s: start the runtime with `skyfn local up`", state.runtime_file)
         return 2
     state.signing_key()  # makes sure the key set exists (a deployment from before keys: created now)
+    if record.get("from_templates"):  # issue 25: every function's environment comes from its template
+        from infra.local import template_runtime
+
+        service = Service(record["redis_url"], port=record["gateway_port"],
+                          api_workers=tuple(record.get("api_workers", (2, 16))),
+                          **template_runtime.service_settings(state))
+        service.start()
+        log.info("serving %s as its templates describe it on %s (pid %d)", record["from_templates"], service.url,
+                 os.getpid())
+        serve_until_signalled(service)
+        return 0
     apply_env(handler_env(record["redis_url"], record["aws_endpoint"], str(state.jwks_file)))
     ensure_resources()
     from infra.local.sfn.service_env import deploy_state_machines

@@ -1,6 +1,7 @@
 """The embedded runtime, started once for the e2e suite exactly as a user starts it
 (`skyfn local up --detach` in a private SKYFN_HOME), with a local endpoint of 2 workers
-and short leases so that a killed agent's tasks come back quickly."""
+and short leases so that a killed agent's tasks come back quickly. With SKYFN_TEST_CDK_OUT
+set (`make test-deploy`), it is started from that cloud assembly (`--from-templates`)."""
 from __future__ import annotations
 
 import os
@@ -22,7 +23,10 @@ def local_home(tmp_path_factory):
     }))
     old = os.environ.get("SKYFN_HOME")
     os.environ["SKYFN_HOME"] = str(home)
-    runtime.up(home, detach=True, echo=lambda *_: None)
+    # `make test-deploy` (issue 25): the same suites against the runtime started from the
+    # synthesized templates, IAM enforced
+    cdk_out = os.environ.get("SKYFN_TEST_CDK_OUT")
+    runtime.up(home, detach=True, from_templates=bool(cdk_out), cdk_out=cdk_out, echo=lambda *_: None)
     yield home
     runtime.down(home, echo=lambda *_: None)
     if old is None:

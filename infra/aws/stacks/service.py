@@ -40,6 +40,7 @@ from infra.aws.stacks.common import retention
 from infra.aws.stacks.data import DataStack
 from infra.aws.stacks.push import ResultsPush
 from infra.aws.stacks.status_page import StatusPage
+from lambdas.settings_catalog import CHECK_VARIABLE, STRICT
 from stepfunctions import catalog
 
 # What the handlers read (lambdas/config.py); the queues are created to match.
@@ -131,7 +132,6 @@ class ServiceStack(Stack):
                                                       resources=[self.agent_role_arn]))
         api_fn.add_environment("SKYFN_AGENT_ROLE_ARN", self.agent_role_arn)
         api_fn.add_environment("SKYFN_AGENT_QUEUE_ARN_PREFIX", queue_arn(self, prefix))
-        api_fn.add_environment("SKYFN_RESULTS_QUEUE_ARN", self.results_queue.queue_arn)
         self._workflow_access(api_fn)
 
         # results: consumes the results queue (the event source grants receive/delete).
@@ -265,6 +265,8 @@ class ServiceStack(Stack):
             "POWERTOOLS_METRICS_NAMESPACE": "skyfn",
             "POWERTOOLS_LOG_LEVEL": "INFO",
             "POWERTOOLS_TRACE_DISABLED": "true",
+            # a function missing a variable its handler requires fails at cold start, naming it
+            CHECK_VARIABLE: STRICT,
         }
 
     @property

@@ -22,6 +22,7 @@ from constructs import Construct
 from infra.aws import packaging
 from infra.aws.config import UI
 from infra.aws.stacks.common import retention
+from lambdas.settings_catalog import CHECK_VARIABLE, STRICT
 
 
 class StatusPage(Construct):
@@ -39,7 +40,7 @@ class StatusPage(Construct):
             timeout=Duration.seconds(UI.timeout_s), reserved_concurrent_executions=UI.reserved_concurrency,
             tracing=lambda_.Tracing.ACTIVE, log_group=log_group,
             environment={"SKYFN_WS_URL": ws_url, "POWERTOOLS_SERVICE_NAME": f"skyfn-{UI.key}",
-                         "POWERTOOLS_LOG_LEVEL": "INFO"})
+                         "POWERTOOLS_LOG_LEVEL": "INFO", CHECK_VARIABLE: STRICT})
         integration = apigw.LambdaIntegration(self.function, proxy=True)
         public = apigw.AuthorizationType.NONE
         page = api.root.add_resource("ui")

@@ -26,7 +26,7 @@ ASSUME_ROLE = json.dumps({"Version": "2012-10-17", "Statement": [{
     "Action": "sts:AssumeRole"}]})
 
 
-def _placeholder_zip() -> bytes:
+def placeholder_zip() -> bytes:
     # The bridge runs the handler from this checkout; the archive only satisfies the API.
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
@@ -67,7 +67,7 @@ def deploy(function_env: dict[str, str], *, prefix: str = "skyfn", bucket: str =
             raise
 
     function_arns = {}
-    code = _placeholder_zip()
+    code = placeholder_zip()
     for key, step in STEPS.items():
         name = function_name(prefix, step)
         config = {"Role": role_arn, "Handler": step.handler, "Runtime": "python3.11",

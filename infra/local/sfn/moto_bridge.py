@@ -11,7 +11,9 @@ Each such function gets its own pool of Lambda-like execution environments
 the function's Environment variables, as on AWS. Only handlers listed in
 stepfunctions.catalog (plus SKYFN_BRIDGE_EXTRA_HANDLERS, comma-separated) are run; any
 other function keeps moto's behaviour. The interpreter reaches the Lambda API at
-localhost:$MOTO_PORT, so MOTO_PORT is set to the served port here.
+localhost:$MOTO_PORT, so MOTO_PORT is set to the served port here. With
+SKYFN_MOTO_IAM_RESOURCES=1, IAM can be enforced as on AWS (infra.local.iam.moto_resources)
+and each function's environments run with a session of its role.
 """
 from __future__ import annotations
 
@@ -36,17 +38,20 @@ def allowed_handlers() -> set[str]:
 
 
 def _pool(fn) -> object:
+    from infra.local.iam.moto_resources import function_env
     from infra.local.lambda_pool import LambdaPool
 
     env = dict(fn.environment_vars or {})
+    env.update(function_env(fn))  # its role's session when IAM is enforced (infra.local.iam)
     key = (fn.function_arn, fn.handler, tuple(sorted(env.items())))
     with _pools_lock:
         pool = _pools.get(key)
         if pool is None:
             module, _, attr = fn.handler.rpartition(".")
             max_workers = int(os.environ.get("SKYFN_BRIDGE_MAX_WORKERS", "8"))
-            pool = LambdaPool(f"{module}:{attr}", min_workers=1, max_workers=max_workers, env=env,
-                              start_timeout=60.0).start()
+            # SKYFN_BRIDGE_CLEAN_ENV=1 (--from-templates): the function's configuration alone, as Lambda's
+            pool = LambdaPool(f"{module}:{attr}", min_workers=1, max_workers=max_workers, env=env, start_timeout=60.0,
+                              inherit=os.environ.get("SKYFN_BRIDGE_CLEAN_ENV") != "1").start()
             _pools[key] = pool
             log.info("execution environments for %s (%s) started", fn.function_name, fn.handler)
         return pool
@@ -90,6 +95,10 @@ def install() -> None:
     from moto.awslambda.models import LambdaBackend
     from moto.awslambda_simple.models import LambdaSimpleBackend
 
+    from infra.local.iam import moto_resources
+
+    if moto_resources.enabled():  # SKYFN_MOTO_IAM_RESOURCES=1: IAM enforceable as on AWS
+        moto_resources.install()
     allowed = allowed_handlers()
     for backend in (LambdaBackend, LambdaSimpleBackend):
         original = backend.__dict__.get("invoke")
