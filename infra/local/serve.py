@@ -151,9 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     if record.get("from_templates"):  # issue 25: every function's environment comes from its template
         from infra.local import template_runtime
 
+        settings = template_runtime.service_settings(state)
+        # the push hub checks WebSocket tokens in this process (lambdas.auth), as the WebSocket
+        # API's authorizer function does: with that function's environment and role
+        os.environ.update(settings.pop("push_authorizer_env"))
         service = Service(record["redis_url"], port=record["gateway_port"],
-                          api_workers=tuple(record.get("api_workers", (2, 16))),
-                          **template_runtime.service_settings(state))
+                          api_workers=tuple(record.get("api_workers", (2, 16))), **settings)
         service.start()
         log.info("serving %s as its templates describe it on %s (pid %d)", record["from_templates"], service.url,
                  os.getpid())

@@ -300,6 +300,7 @@ def service_settings(state: StateDir) -> dict:
                           nice=10 if functions[s["function"]]["handler"] == "lambdas.history.handler" else 0)
                  for s in wiring["schedules"]]
     return {"api": target(api["handler"]), "api_env": api["env"], "api_function": api["name"],
+            "push_authorizer_env": _one(functions, "lambdas.ws.authorizer")["env"],
             "results": _invoker(results_fn), "results_queue": results_queue, "results_batch": mapping["batch_size"],
             "results_function": results_fn["name"], "schedules": schedules}
 

@@ -29,10 +29,37 @@ def local_home(tmp_path_factory):
     runtime.up(home, detach=True, from_templates=bool(cdk_out), cdk_out=cdk_out, echo=lambda *_: None)
     yield home
     runtime.down(home, echo=lambda *_: None)
+    if cdk_out:
+        refused = iam_report(home)
+        assert refused == [], f"AccessDenied under the templates' policies: {refused}"
     if old is None:
         os.environ.pop("SKYFN_HOME", None)
     else:
         os.environ["SKYFN_HOME"] = old
+
+
+def iam_report(home) -> list[str]:
+    """After a run from the templates: the least-privilege report of what the suites used
+    (appended as JSON to $SKYFN_TEST_IAM_REPORT when set) and the refused requests."""
+    import json
+
+    from infra.local import template_runtime
+    from infra.local.iam import report
+    from infra.local.state import StateDir
+
+    entries = report.read_log(template_runtime.access_log(StateDir.at(home)))
+    refused = report.refusals(entries)
+    out = os.environ.get("SKYFN_TEST_IAM_REPORT")
+    if out:
+        used: dict[str, set] = {}
+        for e in entries:
+            if e.get("allowed"):
+                used.setdefault(e["principal"], set()).add(e["action"])
+        with open(out, "a") as f:
+            f.write(json.dumps({"home": str(home), "used": {p: sorted(a) for p, a in used.items()},
+                                "refused": refused}) + "\n")
+    print(f"IAM from the templates: {len(entries)} checked requests, {len(refused)} refused")
+    return refused
 
 
 @pytest.fixture

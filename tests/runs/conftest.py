@@ -65,10 +65,16 @@ def wf_home(tmp_path_factory, rendezvous_server):
     os.environ.update(overrides)
     os.environ.pop("AWS_ENDPOINT_URL", None)
     try:
-        runtime.up(home, detach=True, echo=lambda *_: None)
+        cdk_out = os.environ.get("SKYFN_TEST_CDK_OUT")  # `make test-deploy` (issue 25): from the templates
+        runtime.up(home, detach=True, from_templates=bool(cdk_out), cdk_out=cdk_out, echo=lambda *_: None)
         yield home
     finally:
         runtime.down(home, echo=lambda *_: None)
+        if os.environ.get("SKYFN_TEST_CDK_OUT"):
+            from tests.e2e.conftest import iam_report
+
+            refused = iam_report(home)
+            assert refused == [], f"AccessDenied under the templates' policies: {refused}"
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)
