@@ -129,15 +129,6 @@ def lambda_env(name: str, handler: str, memory: int, region: str, aws_url: str) 
             "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(memory), "AWS_ENDPOINT_URL": aws_url}
 
 
-def role_spec(role):
-    """A role of the templates as infra.local.iam.roles creates it."""
-    from infra.local.iam.roles import RoleSpec
-
-    return RoleSpec(role.name, role.assume_role_policy, policies=list(role.inline_policies.items()),
-                    managed_policy_arns=list(role.managed_policy_arns), path=role.path,
-                    description=role.description or "")
-
-
 def access_log(state: StateDir) -> Path:
     """moto's record of every request IAM checked (infra.local.iam.report reads it)."""
     return state.workdir("templates") / "iam-access.jsonl"
@@ -186,7 +177,7 @@ def prepare(state: StateDir, cdk_out: Path, local: LocalSide, echo: Callable[[st
     def client(service: str):
         return session.client(service, endpoint_url=local.aws_url)
 
-    iam_roles.create_roles([role_spec(r) for r in dep.roles.values()], local.aws_url, deployer, region=region)
+    iam_roles.create_roles([iam_roles.role_spec(r) for r in dep.roles.values()], local.aws_url, deployer, region=region)
     provision(dep, client, secret_values=local.secret_values(dep))
     functions = {name: fn for name, fn in dep.functions.items() if ours(fn.handler)}
     configs = {name: {"name": name, "handler": fn.handler, "timeout": fn.timeout, "memory": fn.memory,

@@ -50,9 +50,10 @@ def _queue(name: str) -> tuple[TaskQueue, QueueDescriptor]:
             from skyfn.protocol.queues import SqsQueue
 
             queue = SqsQueue(name, visibility_timeout=s.lease_seconds, max_deliveries=s.max_deliveries)
-            queue.ensure()
+            queue.ensure()  # before its url is known
             desc = QueueDescriptor(kind="sqs", name=name, url=queue.url)
-        queue.ensure()
+        if s.queue_kind == "redis":
+            queue.ensure()
         _queues[name] = (queue, desc)
         return _queues[name]
 

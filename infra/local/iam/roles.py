@@ -45,6 +45,14 @@ class RoleSpec:
     description: str = ""
 
 
+def role_spec(role) -> RoleSpec:
+    """A role of the templates (infra.local.templates.model.Role, or anything with its
+    fields) as the RoleSpec that create_roles takes."""
+    return RoleSpec(role.name, role.assume_role_policy, policies=list(role.inline_policies.items()),
+                    managed_policy_arns=list(role.managed_policy_arns), path=role.path,
+                    description=role.description or "")
+
+
 def _client(service: str, endpoint_url: str, credentials: dict | None, region: str):
     if credentials:
         kw = {"aws_access_key_id": credentials["AWS_ACCESS_KEY_ID"],
