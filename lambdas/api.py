@@ -339,8 +339,16 @@ def run_status(run_id: IdPath):
 @app.exception_handler(BotoCoreError)
 @app.exception_handler(ClientError)
 def _run_service_down(exc: Exception) -> Response:
+    code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
+    if code in ACCESS_DENIED:  # the deployment's policy, not a passing fault: say what was refused
+        logger.error("AWS refused a call of the service: %s", exc)
+        return _error(500, "access_denied", f"the service's role was refused an AWS call ({exc}); its IAM policy "
+                      "needs that action (docs/deploy.md, the runtime from the templates)")
     logger.warning("AWS call failed", exc_info=exc)
     return _error(503, "unavailable", f"the workflow service did not answer ({type(exc).__name__}); retry shortly")
+
+
+ACCESS_DENIED = frozenset({"AccessDenied", "AccessDeniedException"})
 
 
 # --- security: shares, teams, endpoint credentials, rendezvous tokens, audit (H9) --------

@@ -65,6 +65,13 @@ class ServiceLink:
             except ValueError:
                 code, detail = None, resp.text[:300]
             raise ServiceError(f"{method} {path} refused with {resp.status_code}: {detail}", resp.status_code, code)
+        if resp.status_code >= 500:  # keep the service's reason (e.g. a refused AWS call) for the log
+            try:
+                err = resp.json()
+                reason = f"{err.get('error')}: {err.get('message')}"
+            except ValueError:
+                reason = resp.text[:300]
+            raise requests.HTTPError(f"{method} {path} failed with {resp.status_code}: {reason}", response=resp)
         resp.raise_for_status()
         return resp.json()
 

@@ -82,9 +82,12 @@ def ensure_direct(name: str, home: Path) -> None:
         f.write(LOCAL_DIRECT if text.endswith("\n") else "\n" + LOCAL_DIRECT)
 
 
-def start(name: str, home: Path, env: dict | None = None) -> None:
+def start(name: str, home: Path) -> None:
+    """`skyfn-endpoint start NAME`, with the AWS settings of the runtime in `home` (aws_env)."""
+    from infra.local.state import StateDir
+
     ensure_direct(name, home)
-    result = run(["start", name], home, env=env)
+    result = run(["start", name], home, env=aws_env(StateDir.at(home).read_runtime()))
     if result.returncode != 0:
         raise RuntimeError(f"`skyfn-endpoint start {name}` failed: {_last_line(result)} "
                            f"(log: {Path(home) / 'endpoints' / name / 'agent.log'})")

@@ -65,7 +65,7 @@ def endpoint_agent(home=None, name: str = ENDPOINT) -> bool:
     state = StateDir.at(home)
     if recorded_process(agent.pidfile(state.home, name)) is not None:
         return False
-    agent.start(name, Path(state.home), env=agent.aws_env(state.read_runtime()))
+    agent.start(name, Path(state.home))
     return True
 
 

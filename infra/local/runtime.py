@@ -321,7 +321,7 @@ def up(home=None, detach: bool = False, port: int | None = None, aws_endpoint: s
             _wait_healthy(url, token, None, state.service_log)
         state.write_client_config(url, token)
         if endpoint:
-            agent.start(ENDPOINT, state.home, env=agent.aws_env(state.read_runtime()))
+            agent.start(ENDPOINT, state.home)
             _wait_endpoint_online(url, token, ENDPOINT)
     except BaseException as exc:
         started.undo()

@@ -52,6 +52,8 @@ SUBSTITUTED = {
     "SKYFN_REDIS_URL": "ElastiCache (rediss://, TLS) -> the local redis-server (redis://, its password from the "
                        "template's AUTH-token secret)",
     "SKYFN_PUSH": "the WebSocket API (apigw) -> the local gateway's push hub (redis PUBLISH)",
+    "SKYFN_RENDEZVOUS_ADDRESS": "the rendezvous ECS service behind its load balancer -> a local `python -m "
+                                "rendezvous` (its address and secret from our SKYFN_RENDEZVOUS_ADDRESS/_SECRET)",
 }
 
 
@@ -93,11 +95,9 @@ class LocalSide:
         from infra.local.templates import LocalSettings
 
         u = urlparse(self.redis_url)
-        rendezvous = os.environ.get("SKYFN_RENDEZVOUS_ADDRESS", "127.0.0.1:7300").rpartition(":")[0]
         return LocalSettings(aws_endpoint_url=self.aws_url, redis_host=u.hostname, redis_port=u.port,
                              redis_url=self.redis_url, gateway_url=self.gateway_url,
-                             websocket_url=self.gateway_url.replace("http", "ws", 1) + "/ws",
-                             rendezvous_host=rendezvous or "127.0.0.1")
+                             websocket_url=self.gateway_url.replace("http", "ws", 1) + "/ws")
 
     def secret_values(self, dep) -> dict[str, str]:
         """The values of the templates' secrets that must match a local process: the Redis AUTH
@@ -119,6 +119,8 @@ class LocalSide:
                        SKYFN_AUTH_JWKS_FILE=self.jwks_file)
         if handler_env.get("SKYFN_PUSH") == "apigw":
             out["SKYFN_PUSH"] = "redis"
+        if "SKYFN_RENDEZVOUS_ADDRESS" in handler_env and os.environ.get("SKYFN_RENDEZVOUS_ADDRESS"):
+            out["SKYFN_RENDEZVOUS_ADDRESS"] = os.environ["SKYFN_RENDEZVOUS_ADDRESS"]
         return out
 
 

@@ -17,15 +17,18 @@ def local_home(tmp_path_factory):
     home = tmp_path_factory.mktemp("skyfn-home")
     cfg = home / "endpoints" / "local"
     cfg.mkdir(parents=True)
+    cdk_out = os.environ.get("SKYFN_TEST_CDK_OUT")
     (cfg / "config.yaml").write_text(yaml.safe_dump({
-        "workers": 2, "lease_seconds": 4, "heartbeat_period": 1, "grace_period": 5,
+        # From the templates the queues are SQS in moto, which the runtime runs at low priority
+        # (as a managed service it takes none of the task path's CPU): a lease is extended by
+        # calls to it, and 4 s is shorter than its worst answer during a 10,000-task burst.
+        "workers": 2, "lease_seconds": 30 if cdk_out else 4, "heartbeat_period": 1, "grace_period": 5,
         "data": {"default": "redis", "redis": {"start": True}},  # skyfn.data: the endpoint's own Redis
     }))
     old = os.environ.get("SKYFN_HOME")
     os.environ["SKYFN_HOME"] = str(home)
     # `make test-deploy` (issue 25): the same suites against the runtime started from the
     # synthesized templates, IAM enforced
-    cdk_out = os.environ.get("SKYFN_TEST_CDK_OUT")
     runtime.up(home, detach=True, from_templates=bool(cdk_out), cdk_out=cdk_out, echo=lambda *_: None)
     yield home
     runtime.down(home, echo=lambda *_: None)
@@ -39,27 +42,42 @@ def local_home(tmp_path_factory):
 
 
 def iam_report(home) -> list[str]:
-    """After a run from the templates: the least-privilege report of what the suites used
-    (appended as JSON to $SKYFN_TEST_IAM_REPORT when set) and the refused requests."""
-    import json
-
+    """After a run from the templates: the refused requests of its IAM access log, whose
+    lines are also appended to $SKYFN_TEST_IAM_REPORT when set (the least-privilege report
+    of `make test-deploy`: python -m infra.local.iam.report_cli --log FILE --cdk-out DIR)."""
     from infra.local import template_runtime
     from infra.local.iam import report
     from infra.local.state import StateDir
 
-    entries = report.read_log(template_runtime.access_log(StateDir.at(home)))
-    refused = report.refusals(entries)
+    log = template_runtime.access_log(StateDir.at(home))
+    entries = report.read_log(log)
     out = os.environ.get("SKYFN_TEST_IAM_REPORT")
-    if out:
-        used: dict[str, set] = {}
-        for e in entries:
-            if e.get("allowed"):
-                used.setdefault(e["principal"], set()).add(e["action"])
+    if out and log.exists():
         with open(out, "a") as f:
-            f.write(json.dumps({"home": str(home), "used": {p: sorted(a) for p, a in used.items()},
-                                "refused": refused}) + "\n")
+            f.write(log.read_text())
+    refused = report.refusals(entries)
     print(f"IAM from the templates: {len(entries)} checked requests, {len(refused)} refused")
     return refused
+
+
+def service_s3(home):
+    """(an S3 client, the payload bucket) of the runtime in `home`, to look at what the
+    service stored: the deployer's keys and the templates' bucket when IAM is enforced."""
+    import boto3
+
+    from infra.local import template_runtime
+    from infra.local.state import StateDir
+
+    state = StateDir.at(home)
+    record = state.read_runtime()
+    keys = record.get("aws_deployer") or {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+    bucket = "skyfn-payloads"
+    if record.get("from_templates"):
+        api = next(f for f in template_runtime.load(state)["functions"].values() if f["handler"] == "lambdas.api.handler")
+        bucket = api["env"]["SKYFN_BUCKET"]
+    s3 = boto3.client("s3", endpoint_url=record["aws_endpoint"], region_name="us-east-1",
+                      aws_access_key_id=keys["AWS_ACCESS_KEY_ID"], aws_secret_access_key=keys["AWS_SECRET_ACCESS_KEY"])
+    return s3, bucket
 
 
 @pytest.fixture

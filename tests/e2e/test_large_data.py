@@ -3,7 +3,7 @@ embedded runtime, the SDK uploads a 12 MB argument itself, the agent fetches it 
 presigned URL and stores a 12 MB result the same way, and the SDK fetches that."""
 from __future__ import annotations
 
-import boto3
+from tests.e2e.conftest import service_s3
 
 
 def grow(data: bytes, factor: int) -> bytes:
@@ -11,17 +11,13 @@ def grow(data: bytes, factor: int) -> bytes:
 
 
 def test_twelve_megabytes_each_way(client, endpoint_id, local_home):
-    from infra.local.state import StateDir
-
     fid = client.register_function(grow)
     arg = bytes(range(256)) * (12 * 4096)  # 12 MiB, far above the inline ceiling
     tid = client.run(fid, arg, 1, endpoint_id=endpoint_id)
     assert client.get_result(tid, timeout=120) == arg
     tid2 = client.run(fid, b"ab", 6 << 20, endpoint_id=endpoint_id)  # small argument, 12 MiB result
     assert client.get_result(tid2, timeout=120) == b"ab" * (6 << 20)
-    record = StateDir.at(local_home).read_runtime()
-    s3 = boto3.client("s3", endpoint_url=record["aws_endpoint"], region_name="us-east-1",
-                      aws_access_key_id="x", aws_secret_access_key="y")
-    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="skyfn-payloads").get("Contents", [])]
+    s3, bucket = service_s3(local_home)
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
     assert any(k.startswith("args/") for k in keys)
     assert f"results/{endpoint_id}/{tid}" in keys and f"results/{endpoint_id}/{tid2}" in keys

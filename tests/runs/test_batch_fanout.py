@@ -24,12 +24,11 @@ def test_batch_of_200_tasks_runs_to_completion(client, endpoint):
     assert [results[t]["result"] for t in batch.task_ids] == [i * i for i in range(200)]
     assert batch.result()["counts"] == {"SUCCEEDED": 200}   # the execution's output is the summary
     # the staged chunks and the manifest are deleted once the batch is complete
-    import boto3
-
     from infra.local.state import StateDir
+    from tests.e2e.conftest import service_s3
 
-    s3 = boto3.client("s3", endpoint_url=StateDir.at().read_runtime()["aws_endpoint"], region_name="us-east-1")
-    assert s3.list_objects_v2(Bucket="skyfn-payloads", Prefix=f"batches/{batch.batch_id}/").get("KeyCount") == 0
+    s3, bucket = service_s3(StateDir.at().home)
+    assert s3.list_objects_v2(Bucket=bucket, Prefix=f"batches/{batch.batch_id}/").get("KeyCount") == 0
 
 
 def test_failed_tasks_are_counted_not_fatal(client, endpoint):
