@@ -67,7 +67,7 @@ def cdk_out_dir(path: str | os.PathLike | None = None) -> Path:
     if not (folder / "manifest.json").is_file():
         raise TemplateRuntimeError(
             f"no cloud assembly in {folder} (manifest.json is missing): run `make synth` (or `make synth-local` for "
-            f"the account and region the runtime uses), or point --from-templates / ${CDK_OUT_ENV} at a cdk.out folder")
+            f"the account and region the runtime uses), or point --cdk-out / ${CDK_OUT_ENV} at a cdk.out folder")
     return folder
 
 
@@ -209,7 +209,7 @@ def _step_functions(lam, dep, configs: dict) -> None:
 
     named = set()
     for machine in dep.state_machines.values():
-        named |= {name for name in configs if configs[name]["handler"] and _arn_of(dep, name) in machine.definition}
+        named |= {name for name in configs if dep.functions[name].arn in machine.definition}
     for name in sorted(named):
         c = configs[name]
         config = {"Role": c["role"], "Handler": c["handler"], "Runtime": "python3.11", "Timeout": c["timeout"],
@@ -220,10 +220,6 @@ def _step_functions(lam, dep, configs: dict) -> None:
             if exc.response["Error"]["Code"] != "ResourceConflictException":
                 raise
             lam.update_function_configuration(FunctionName=name, **config)
-
-
-def _arn_of(dep, name: str) -> str:
-    return dep.functions[name].arn
 
 
 def _results_mapping(dep, configs: dict) -> dict:
