@@ -98,13 +98,14 @@ def endpoint(client):
 @pytest.fixture(scope="package")
 def offline_endpoint(wf_home):
     """An endpoint that was online once (one heartbeat) and whose agent is gone: the
-    reaper marks it offline once the heartbeat timeout (4 s here) has passed."""
+    reaper marks it offline once the heartbeat timeout (4 s here, 30 s from the templates) has passed."""
     from skyfn import Client
 
     with Client() as c:
         ep = c._http.post("/endpoints", {"name": "gone-away"})["endpoint_id"]
         c._http.post(f"/endpoints/{ep}/heartbeat", {"stats": {}})
-        deadline = time.monotonic() + 30
+        # 4 s here; from the templates (`make test-deploy`) the stack's default heartbeat timeout, 30 s
+        deadline = time.monotonic() + 60
         while c.get_endpoint(ep)["status"] != "offline":
             assert time.monotonic() < deadline, "the reaper never marked the silent endpoint offline"
             time.sleep(0.5)
