@@ -204,9 +204,15 @@ def test_environment_is_what_lambdas_config_reads(t, monkeypatch):
 def test_each_handler_gets_only_its_tables(t):
     access = {key: dynamo_access(function_statements(t["service"], f"skyfn-ci-{key}")) for key in FUNCTIONS}
     assert set(access["api"]) == {"functions", "endpoints", "history"}
-    assert access["api"]["history"] == {"dynamodb:Query", "dynamodb:GetItem"}  # read-only, no Scan
+    # exactly what lambdas/adapters/dynamodb.py and lambdas/core/identity call (issue 25):
+    # no Scan, BatchGetItem, ConditionCheckItem, DescribeTable, DeleteItem or stream reads
+    assert access["api"]["functions"] == {"dynamodb:GetItem", "dynamodb:PutItem"}
+    assert access["api"]["endpoints"] == {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem",
+                                          "dynamodb:Query"}  # Query: the owner-index
+    assert access["api"]["history"] == {"dynamodb:Query"}  # read-only, pages and markers by key condition
     assert set(access["history"]) == {"submissions", "history"}
-    assert access["history"]["history"] == {"dynamodb:PutItem", "dynamodb:BatchWriteItem"}  # pages, markers
+    assert access["history"]["history"] == {"dynamodb:BatchWriteItem"}  # pages, markers (batch_writer)
+    assert access["history"]["submissions"] == {"dynamodb:BatchWriteItem"}
     assert access["results"] == {} and access["reaper"] == {}
 
 
@@ -227,6 +233,52 @@ def test_each_handler_gets_only_its_queues(t):
     reaper = sqs("reaper")
     assert len(reaper) == 1 and "skyfn-ci-tasks-*" in reaper[0][1] and "sqs:SendMessage" not in reaper[0][0]
     assert sqs("history") == []
+
+
+# What CDK's grant helpers add and no handler calls (issue 25, docs/deploy.md "Least
+# privilege: allowed against used"): no function's role may hold any of these.
+NEVER_CALLED = {
+    "dynamodb:Scan", "dynamodb:BatchGetItem", "dynamodb:ConditionCheckItem", "dynamodb:DescribeTable",
+    "dynamodb:GetRecords", "dynamodb:GetShardIterator", "secretsmanager:DescribeSecret",
+    "s3:GetObject*", "s3:GetBucket*", "s3:List*", "s3:DeleteObject*", "s3:Abort*", "s3:PutObjectLegalHold",
+    "s3:PutObjectRetention", "s3:PutObjectTagging", "s3:PutObjectVersionTagging",
+    "states:StopExecution", "states:DescribeStateMachine", "states:TagResource",
+}
+
+
+def test_no_function_holds_what_its_code_never_calls(t):
+    for stack in ("service", "workflows"):
+        for lid, r in res(t[stack], "AWS::Lambda::Function").items():
+            name = r["Properties"]["FunctionName"]
+            held = {a for s in function_statements(t[stack], name) if s["Effect"] == "Allow" for a in actions(s)}
+            assert not held & NEVER_CALLED, (name, sorted(held & NEVER_CALLED))
+            reads = [s for s in function_statements(t[stack], name) if "secretsmanager:GetSecretValue" in actions(s)]
+            assert all(actions(s) == ["secretsmanager:GetSecretValue"] for s in reads), name
+
+
+def test_api_may_run_and_compile_workflows_but_not_stop_or_tag_them(t):
+    by_sid = {s.get("Sid"): s for s in function_statements(t["service"], "skyfn-ci-api")}
+    assert actions(by_sid["WatchWorkflows"]) == ["states:DescribeExecution", "states:GetExecutionHistory"]
+    assert actions(by_sid["CompileFlows"]) == ["states:CreateStateMachine", "states:UpdateStateMachine"]
+    # the payload bucket: objects under the service's three prefixes, nothing on the bucket itself
+    assert actions(by_sid["PayloadWrites"]) == ["s3:PutObject"]
+    assert actions(by_sid["PayloadReads"]) == ["s3:GetObject"]
+    for sid, prefixes in (("PayloadWrites", ["/batches/*", "/args/*", "/results/*"]),
+                          ("PayloadReads", ["/args/*", "/results/*"])):
+        text = resources_text(by_sid[sid])
+        assert all(p in text for p in prefixes) and len(by_sid[sid]["Resource"]) == len(prefixes), (sid, text)
+
+
+def test_results_role_holds_what_lambdas_poller_calls(t):
+    """The event-source mapping polls with the function's role: receive, delete, read
+    attributes (not grantConsumeMessages' ChangeMessageVisibility and GetQueueUrl)."""
+    (consume,) = [s for s in function_statements(t["service"], "skyfn-ci-results")
+                  if any(a.startswith("sqs:") for a in actions(s))]
+    assert consume["Sid"] == "ResultsQueueConsume"
+    assert sorted(actions(consume)) == ["sqs:DeleteMessage", "sqs:GetQueueAttributes", "sqs:ReceiveMessage"]
+    assert "ResultsQueue" in resources_text(consume)
+    (mapping,) = props(t["service"], "AWS::Lambda::EventSourceMapping")
+    assert "ResultsQueue" in json.dumps(mapping["EventSourceArn"])
 
 
 def test_no_handler_has_wildcard_actions_or_admin(t):
@@ -384,17 +436,38 @@ def test_state_machines_invoke_only_their_own_steps(tpl, t):
 
 
 def test_step_functions_get_their_needs(t):
+    from infra.aws.stacks.workflows import HISTORY_READING_STEPS, STEP_OBJECTS, SUBMITTING_STEPS
+
     w = t["workflows"]
     for key, step in catalog.STEPS.items():
         statements = function_statements(w, catalog.function_name("skyfn-ci", step))
+        by_sid = {s.get("Sid"): s for s in statements}
         tables = dynamo_access(statements)
         assert bool(tables) == ("dynamodb" in step.needs), key
         assert all(not (a & DYNAMO_WRITES) for a in tables.values()), key
-        s3 = any(a.startswith("s3:") for s in statements for a in actions(s))
-        assert s3 == ("s3" in step.needs), key
+        if tables:  # registry reads by key; task history only where task status is read
+            assert tables["functions"] == tables["endpoints"] == {"dynamodb:GetItem"}, key
+            assert tables.get("history") == ({"dynamodb:Query"} if key in HISTORY_READING_STEPS else None), key
+        # payload objects: the "s3" steps, on their own prefixes only
+        assert ("PayloadObjects" in by_sid) == ("s3" in step.needs), key
+        if "s3" in step.needs:
+            acts, prefixes = STEP_OBJECTS[key]
+            assert actions(by_sid["PayloadObjects"]) == acts, key
+            assert all(f"/{p}*" in resources_text(by_sid["PayloadObjects"]) for p in prefixes), key
+        # the steps that submit sign the packs' result-upload forms: PutObject under results/ only
+        assert ("ResultUploadForms" in by_sid) == (key in SUBMITTING_STEPS), key
+        if key in SUBMITTING_STEPS:
+            forms = by_sid["ResultUploadForms"]
+            assert actions(forms) == ["s3:PutObject"] and "/results/*" in resources_text(forms), key
+        s3 = {a for s in statements for a in actions(s) if a.startswith("s3:")}
+        assert s3 <= {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket"}, (key, s3)
+        assert ("s3:ListBucket" in s3) == (key == "BatchProgress"), key  # list_objects_v2 before deleting
+        # sending packs: the submitting steps only (SpmdInit declares the queue to read its depth)
         sends = [s for s in statements if "sqs:SendMessage" in actions(s)]
-        assert bool(sends) == ("sqs" in step.needs), key
+        assert bool(sends) == ("sqs" in step.needs and key in SUBMITTING_STEPS), key
         assert all("skyfn-ci-tasks-*" in resources_text(s) for s in sends), key
+        declares = [s for s in statements if "sqs:CreateQueue" in actions(s)]
+        assert bool(declares) == ("sqs" in step.needs), key
         _, p = function(w, catalog.function_name("skyfn-ci", step))
         secret_env = json.dumps(p["Environment"]["Variables"]["SKYFN_SECRET_ENV"])
         assert ("SKYFN_RENDEZVOUS_SECRET" in secret_env) == ("rendezvous_secret" in step.needs), key

@@ -31,8 +31,7 @@ def test_session_policy_reaches_only_the_endpoints_own_queues():
     assert set(by_sid) == {"ConsumeOwnQueues", "ReturnResults"}
     consume = by_sid["ConsumeOwnQueues"]
     assert consume["Effect"] == "Allow"
-    assert sorted(consume["Action"]) == ["sqs:ChangeMessageVisibility", "sqs:DeleteMessage",
-                                         "sqs:GetQueueAttributes", "sqs:ReceiveMessage"]
+    assert sorted(consume["Action"]) == ["sqs:ChangeMessageVisibility", "sqs:DeleteMessage", "sqs:ReceiveMessage"]
     assert consume["Resource"] == [f"{PREFIX}-tasks-{EP}", f"{PREFIX}-control-{EP}"]
     assert by_sid["ReturnResults"]["Action"] == ["sqs:SendMessage"]
     assert by_sid["ReturnResults"]["Resource"] == [f"{PREFIX}-results"]

@@ -16,6 +16,8 @@
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_ec2 as ec2
@@ -40,10 +42,18 @@ TABLES = {
     "history": ("k", "s", None, True),
 }
 # What the handlers do on the history table (lambdas/adapters/history_pages.py): the
-# drain writes pages and markers (batch_writer), readers query pages and markers.
-HISTORY_READ_ACTIONS = ("dynamodb:Query", "dynamodb:GetItem")
-HISTORY_WRITE_ACTIONS = ("dynamodb:PutItem", "dynamodb:BatchWriteItem")
-
+# drain writes pages and markers (batch_writer: BatchWriteItem only), readers query pages
+# and markers (Query only: nothing reads an item by its key).
+HISTORY_READ_ACTIONS = ("dynamodb:Query",)
+HISTORY_WRITE_ACTIONS = ("dynamodb:BatchWriteItem",)
+# The data key as DynamoDB and S3 use it on a caller's behalf (moto does not check KMS): a
+# reader of encrypted items or objects needs Decrypt and DescribeKey, a writer also the
+# data keys (what CDK's grant_read / grant_read_write give for a customer-managed key).
+KEY_READ_ACTIONS = ("kms:Decrypt", "kms:DescribeKey")
+KEY_READ_WRITE_ACTIONS = (*KEY_READ_ACTIONS, "kms:Encrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*")
+# ... and a reader of items that writes objects only through S3 (PutObject with SSE-KMS asks
+# KMS for a data key; S3 never calls Encrypt or ReEncrypt for it)
+KEY_READ_UPLOAD_ACTIONS = (*KEY_READ_ACTIONS, "kms:GenerateDataKey*")
 
 class DataStack(Stack):
     def __init__(self, scope: Construct, cid: str, *, config: DeployConfig, vpc: ec2.IVpc,
@@ -114,16 +124,37 @@ class DataStack(Stack):
         self.redis.apply_removal_policy(removal)
 
     def grant_history_read(self, grantee: iam.IGrantable) -> None:
-        """Query and GetItem on the history table (GET /tasks, task status and audit of
-        archived tasks), and decrypting its items."""
-        self.tables["history"].grant(grantee, *HISTORY_READ_ACTIONS)
-        self.key.grant_decrypt(grantee)
+        """Query on the history table (GET /tasks, task status and audit of archived tasks).
+        The key comes with the grantee's other data access (`grant_key`)."""
+        self.grant_table(grantee, "HistoryRead", "history", HISTORY_READ_ACTIONS)
 
     def grant_history_write(self, grantee: iam.IGrantable) -> None:
-        """PutItem and BatchWriteItem of pages and markers (the history drain), and the
-        key's data keys to encrypt them."""
-        self.tables["history"].grant(grantee, *HISTORY_WRITE_ACTIONS)
-        self.key.grant_encrypt_decrypt(grantee)
+        """BatchWriteItem of pages and markers (the history drain). The key: `grant_key`."""
+        self.grant_table(grantee, "HistoryWrite", "history", HISTORY_WRITE_ACTIONS)
+
+    def grant_table(self, grantee: iam.IGrantable, sid: str, table: str, actions: Sequence[str],
+                    indexes: bool = False) -> None:
+        """Exactly `actions` on one table (and its indexes: Query on owner-index), instead of
+        CDK's grant_read_data / grant_read_write_data, which add Scan, ConditionCheckItem,
+        DescribeTable, BatchGetItem, stream reads and every write (issue 25)."""
+        arn = self.tables[table].table_arn
+        grantee.grant_principal.add_to_principal_policy(iam.PolicyStatement(
+            sid=sid, actions=list(actions), resources=[arn, f"{arn}/index/*"] if indexes else [arn]))
+
+    def grant_key(self, grantee: iam.IGrantable, write: bool, uploads: bool = False) -> None:
+        """The data key, for the tables and bucket the grantee reads (`write`: and writes;
+        `uploads`: and only puts objects, or signs forms that put them)."""
+        actions = KEY_READ_WRITE_ACTIONS if write else KEY_READ_UPLOAD_ACTIONS if uploads else KEY_READ_ACTIONS
+        grantee.grant_principal.add_to_principal_policy(iam.PolicyStatement(
+            sid="DataKey", actions=list(actions), resources=[self.key.key_arn]))
+
+    def grant_objects(self, grantee: iam.IGrantable, sid: str, actions: Sequence[str], prefixes: Sequence[str]) -> None:
+        """Exactly `actions` on the payload bucket's objects under `prefixes` (instead of
+        CDK's grant_read_write: GetBucket*, List*, DeleteObject*, PutObjectLegalHold/Retention/
+        Tagging/VersionTagging, Abort*). Object keys: batches/<batch>/... (staged batches),
+        args/<user>/... (uploads), results/<endpoint>/<task> (large results)."""
+        grantee.grant_principal.add_to_principal_policy(iam.PolicyStatement(
+            sid=sid, actions=list(actions), resources=[self.bucket.arn_for_objects(f"{p}*") for p in prefixes]))
 
     @property
     def redis_url(self) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from aws_cdk import ArnFormat, CfnOutput, Duration, Stack
+from aws_cdk import ArnFormat, CfnOutput, Duration, Names, Stack
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_cloudwatch_actions as cw_actions
@@ -24,7 +24,6 @@ from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_lambda_event_sources as sources
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import aws_sns as sns
@@ -117,9 +116,13 @@ class ServiceStack(Stack):
 
         # api: registry reads/writes, task history reads; creates endpoint queues, sends
         # task packs and cancel notices; reads their depth; (re)declares the results queue.
-        tables["functions"].grant_read_write_data(api_fn)
-        tables["endpoints"].grant_read_write_data(api_fn)
+        # (lambdas/adapters/dynamodb.py and the endpoints-table items of lambdas/core/identity:
+        # no Scan, BatchGet, delete or stream read anywhere; issue 25)
+        data.grant_table(api_fn, "RegistryFunctions", "functions", ["dynamodb:GetItem", "dynamodb:PutItem"])
+        data.grant_table(api_fn, "RegistryEndpoints", "endpoints", [
+            "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query"], indexes=True)
         data.grant_history_read(api_fn)  # GET /tasks, status and audit of archived tasks
+        data.grant_key(api_fn, write=True)  # registry items and staged batches are written
         api_fn.add_to_role_policy(self.endpoint_queue_statement(send=True))
         api_fn.add_to_role_policy(iam.PolicyStatement(
             sid="ResultsQueueDeclare", actions=SQS_ENDPOINT_QUEUE_ACTIONS,
@@ -134,18 +137,27 @@ class ServiceStack(Stack):
         api_fn.add_environment("SKYFN_AGENT_QUEUE_ARN_PREFIX", queue_arn(self, prefix))
         self._workflow_access(api_fn)
 
-        # results: consumes the results queue (the event source grants receive/delete).
-        results_fn.add_event_source(sources.SqsEventSource(
-            self.results_queue, batch_size=RESULTS_BATCH_SIZE,
+        # results: consumes the results queue through an event-source mapping. Made as
+        # SqsEventSource makes it (same construct id: same logical id, nothing replaced on
+        # deploy), but with what Lambda's poller calls with the function's role (the
+        # AWSLambdaSQSQueueExecutionRole set) instead of grantConsumeMessages, which adds
+        # ChangeMessageVisibility and GetQueueUrl that nothing calls (issue 25).
+        results_fn.add_event_source_mapping(
+            f"SqsEventSource:{Names.node_unique_id(self.results_queue.node)}",
+            event_source_arn=self.results_queue.queue_arn, batch_size=RESULTS_BATCH_SIZE,
             max_batching_window=Duration.seconds(RESULTS_BATCH_WINDOW_S),
-            report_batch_item_failures=True, max_concurrency=RESULTS_MAX_CONCURRENCY))
+            report_batch_item_failures=True, max_concurrency=RESULTS_MAX_CONCURRENCY)
+        results_fn.add_to_role_policy(iam.PolicyStatement(
+            sid="ResultsQueueConsume", actions=["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"],
+            resources=[self.results_queue.queue_arn]))
 
         # reaper: re-declares endpoint queues, drains their dead-letter queues.
         reaper_fn.add_to_role_policy(self.endpoint_queue_statement(receive=True))
 
         # history: bulk writes of submissions, finished tasks in pages (issue 24).
-        tables["submissions"].grant_write_data(history_fn)
+        data.grant_table(history_fn, "SubmissionsWrite", "submissions", ["dynamodb:BatchWriteItem"])  # batch_writer
         data.grant_history_write(history_fn)
+        data.grant_key(history_fn, write=True)
         history_fn.add_environment("SKYFN_HISTORY_TTL_DAYS", str(config.history_ttl_days))
         history_fn.add_environment("SKYFN_HISTORY_BATCH", str(sizing.HISTORY_BATCH))
         history_fn.add_environment("SKYFN_HISTORY_DRAIN_MARGIN_S", str(sizing.HISTORY_DRAIN_MARGIN_S))
@@ -219,17 +231,23 @@ class ServiceStack(Stack):
         flow_role_arn = self.format_arn(service="iam", region="", resource="role", resource_name=flow_role_name(self.config))
         api_fn.add_to_role_policy(iam.PolicyStatement(sid="StartWorkflows", actions=["states:StartExecution"],
                                                       resources=machine_arns))
+        # runs' status (DescribeExecution; its failure from the history when an emulator
+        # leaves it out); nothing stops an execution (lambdas/core/runs/runs.py)
         api_fn.add_to_role_policy(iam.PolicyStatement(
-            sid="WatchWorkflows", actions=["states:DescribeExecution", "states:GetExecutionHistory",
-                                           "states:StopExecution"], resources=execution_arns))
+            sid="WatchWorkflows", actions=["states:DescribeExecution", "states:GetExecutionHistory"],
+            resources=execution_arns))
+        # lambdas/adapters/aws.py ensure_machine: create, or update when the name exists with
+        # another definition (no tags, no describe)
         api_fn.add_to_role_policy(iam.PolicyStatement(
-            sid="CompileFlows", actions=["states:CreateStateMachine", "states:UpdateStateMachine",
-                                         "states:DescribeStateMachine", "states:TagResource"],
+            sid="CompileFlows", actions=["states:CreateStateMachine", "states:UpdateStateMachine"],
             resources=[machine_arns[-1]]))
         api_fn.add_to_role_policy(iam.PolicyStatement(
             sid="PassFlowRole", actions=["iam:PassRole"], resources=[flow_role_arn],
             conditions={"StringEquals": {"iam:PassedToService": "states.amazonaws.com"}}))
-        self.data.bucket.grant_read_write(api_fn)
+        # staged batches (put_json), presigned upload forms for arguments and results, and
+        # presigned GETs of them (lambdas/core/tasks/blobs.py); the data key: grant_key above
+        self.data.grant_objects(api_fn, "PayloadWrites", ["s3:PutObject"], ["batches/", "args/", "results/"])
+        self.data.grant_objects(api_fn, "PayloadReads", ["s3:GetObject"], ["args/", "results/"])
         run_task = next(s for s in catalog.STEPS.values() if s.key == "RunTask")
         env = {
             "SKYFN_BATCH_FANOUT_ARN": machine_arns[machines.index(catalog.machine_name(p, catalog.BATCH_FANOUT))],
@@ -300,8 +318,10 @@ class ServiceStack(Stack):
                          "SKYFN_SECRET_ENV": Stack.of(scope).to_json_string(
                              {name: secret.secret_arn for name, secret in secrets.items()}),
                          **(extra_env or {})})
-        for secret in secrets.values():
-            secret.grant_read(fn)
+        # GetSecretValue only: secret_env.py never describes a secret (CDK's grant_read adds
+        # DescribeSecret; issue 25)
+        fn.add_to_role_policy(iam.PolicyStatement(sid="ReadSecrets", actions=["secretsmanager:GetSecretValue"],
+                                                  resources=[secret.secret_arn for secret in secrets.values()]))
         return fn
 
     def _user_pool(self) -> None:

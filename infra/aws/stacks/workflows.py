@@ -29,6 +29,24 @@ from infra.aws.stacks.service import ServiceStack, flow_role_name
 from stepfunctions import catalog
 
 
+# What the steps' code reaches beyond catalog.needs (issue 25: allowed against used):
+# - the steps that submit tasks through lambdas.core.tasks.tasks: they send packs, and each
+#   pack carries a presigned POST for the endpoint's results/ prefix signed with the step's
+#   own credentials (lambdas/core/tasks/blobs.py result_upload; the agent keeps the latest
+#   pack's form), so they may put objects there. SpmdInit only checks the endpoint is online.
+SUBMITTING_STEPS = ("RouteChunk", "RunTask")
+# - the steps that read task status (RunTask's wait: archived tasks are in the history table)
+HISTORY_READING_STEPS = ("RunTask",)
+# - payload-bucket objects of the "s3" steps: (actions, key prefixes). RouteChunk reads its
+#   chunk (batches/) and presigns GETs of uploaded arguments (args/); BatchProgress reads a
+#   chunk that failed, then lists and deletes the batch's staged objects.
+STEP_OBJECTS = {
+    "RouteChunk": (["s3:GetObject"], ["batches/", "args/"]),
+    "BatchProgress": (["s3:GetObject", "s3:DeleteObject"], ["batches/"]),
+}
+LISTING_STEPS = ("BatchProgress",)
+
+
 class WorkflowsStack(Stack):
     def __init__(self, scope: Construct, cid: str, *, config: DeployConfig, data: DataStack,
                  service: ServiceStack, rendezvous_address: str, **kwargs):
@@ -47,13 +65,28 @@ class WorkflowsStack(Stack):
             fn = service.function(spec, scope=self, extra_env=env, secrets=secrets,
                                   function_name=catalog.function_name(config.prefix, step))
             if "s3" in step.needs:
-                data.bucket.grant_read_write(fn)
-            if "dynamodb" in step.needs:
+                data.grant_objects(fn, "PayloadObjects", *STEP_OBJECTS[key])
+                if key in LISTING_STEPS:
+                    # batches.delete_staged: list_objects_v2 under batches/<batch>/, then one
+                    # DeleteObjects request (a POST on the bucket, authorized as s3:DeleteObject:
+                    # moto checks it against the bucket's ARN, S3 against each key, which
+                    # PayloadObjects covers)
+                    fn.add_to_role_policy(iam.PolicyStatement(
+                        sid="StagedBatchCleanup", actions=["s3:ListBucket", "s3:DeleteObject"],
+                        resources=[data.bucket.bucket_arn]))
+            if key in SUBMITTING_STEPS:  # each pack carries a result-upload form signed by this role
+                data.grant_objects(fn, "ResultUploadForms", ["s3:PutObject"], ["results/"])
+            if "dynamodb" in step.needs:  # registry reads: GetItem only (no index, no Scan)
                 for table in ("functions", "endpoints"):
-                    data.tables[table].grant_read_data(fn)
-                data.grant_history_read(fn)  # status of archived tasks (lambdas/core/tasks/tasks.py)
-            if "sqs" in step.needs:  # submits through the service core: declares queues, sends packs
-                fn.add_to_role_policy(service.endpoint_queue_statement(send=True))
+                    data.grant_table(fn, f"Registry{table.capitalize()}Read", table, ["dynamodb:GetItem"])
+                if key in HISTORY_READING_STEPS:
+                    data.grant_history_read(fn)  # status of archived tasks (lambdas/core/tasks/tasks.py)
+            if {"s3", "dynamodb"} & set(step.needs) or key in SUBMITTING_STEPS:
+                # the data key: S3 and DynamoDB use it on the function's behalf; the result
+                # forms' uploads need its data keys
+                data.grant_key(fn, write=False, uploads=key in SUBMITTING_STEPS)
+            if "sqs" in step.needs:  # declares endpoint queues (status: depth); submitting steps send packs
+                fn.add_to_role_policy(service.endpoint_queue_statement(send=key in SUBMITTING_STEPS))
             if key in PUSH_STEPS:  # writes final states: pushes them (the service stack's WebSocket API)
                 service.push.grant_push(fn)
             self.functions[key] = fn
@@ -76,8 +109,9 @@ class WorkflowsStack(Stack):
                         description=f"{full_name}: invokes only its own steps")
         for key in machine.steps:
             self.functions[key].grant_invoke(role)
-        if machine.reads_payload_bucket:
-            data.bucket.grant_read(role)
+        if machine.reads_payload_bucket:  # the Distributed Map's ItemReader: s3:getObject of the manifest
+            data.grant_objects(role, "ManifestRead", ["s3:GetObject"], ["batches/"])
+            data.grant_key(role, write=False)
         if machine.distributed_map:
             role.add_to_policy(iam.PolicyStatement(
                 sid="DistributedMapChildren", actions=["states:StartExecution"],

@@ -6,7 +6,8 @@ policy and the session policy, so a leaked session reaches one endpoint's queues
 
 What a session allows:
 - on the endpoint's task and control queues (`<prefix>-tasks-<id>`, `<prefix>-control-<id>`):
-  sqs:ReceiveMessage, sqs:DeleteMessage, sqs:ChangeMessageVisibility, sqs:GetQueueAttributes;
+  sqs:ReceiveMessage, sqs:DeleteMessage, sqs:ChangeMessageVisibility (the service creates
+  the queues, so the agent never reads their attributes);
 - on the results queue (`<prefix>-results`): sqs:SendMessage (results go back through it).
 Nothing else: not other endpoints' queues, not the dead-letter queues, no queue management.
 """
@@ -16,8 +17,7 @@ import json
 import re
 from typing import Any
 
-CONSUME_ACTIONS = ("sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility",
-                   "sqs:GetQueueAttributes")
+CONSUME_ACTIONS = ("sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility")
 RESULT_ACTIONS = ("sqs:SendMessage",)
 # STS rejects session policies over 2,048 characters (plain text, whitespace removed).
 MAX_POLICY_CHARS = 2048
