@@ -8,7 +8,6 @@ from __future__ import annotations
 import ast
 import functools
 import json
-from pathlib import Path
 
 import pytest
 from aws_cdk.assertions import Match
@@ -16,6 +15,7 @@ from aws_cdk.assertions import Match
 from infra.aws.config import PUSH_FUNCTIONS, PUSH_STEPS
 from stepfunctions import catalog
 from tests.aws.test_stacks import actions, function, function_statements, props, res, resources_text
+from tests.repo_modules import module_path
 
 
 @pytest.fixture(scope="module")
@@ -69,16 +69,7 @@ def test_connection_table_has_owner_keys_and_ttl(service):
 
 
 # --- who pushes: traced from the handlers' code ---------------------------------------
-REPO = Path(__file__).resolve().parents[2]
 NOTIFY = ("lambdas.core.tasks.push", "notify")
-
-
-def _module_path(module: str) -> Path | None:
-    base = REPO.joinpath(*module.split("."))
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 @functools.lru_cache(maxsize=None)
@@ -86,7 +77,7 @@ def _module(module: str) -> tuple[dict[str, ast.AST], dict[str, str], dict[str, 
     """(functions by name, module aliases, imported function names, route-registered
     functions) of one module of this repository. Imports anywhere in the file count
     (handlers import inside functions), as do methods of top-level classes."""
-    tree = ast.parse(_module_path(module).read_text())
+    tree = ast.parse(module_path(module).read_text())
     functions: dict[str, ast.AST] = {}
     routes: list[str] = []
     for node in tree.body:
@@ -112,7 +103,7 @@ def _module(module: str) -> tuple[dict[str, ast.AST], dict[str, str], dict[str, 
                 ("lambdas", "stepfunctions", "skyfn")):
             for a in node.names:
                 sub = f"{node.module}.{a.name}"
-                if _module_path(sub):
+                if module_path(sub):
                     aliases[a.asname or a.name] = sub
                 else:
                     names[a.asname or a.name] = (node.module, a.name)
@@ -138,7 +129,7 @@ def _imported_modules(module: str) -> set[str]:
     seen, todo = set(), [module]
     while todo:
         m = todo.pop()
-        if m in seen or not _module_path(m):
+        if m in seen or not module_path(m):
             continue
         seen.add(m)
         _, aliases, names, _ = _module(m)
@@ -158,7 +149,7 @@ def reaches_push(handler: str) -> bool:
         ref = todo.pop()
         if ref == NOTIFY:
             return True
-        if ref in seen or not _module_path(ref[0]) or ref[1] not in _module(ref[0])[0]:
+        if ref in seen or not module_path(ref[0]) or ref[1] not in _module(ref[0])[0]:
             continue
         seen.add(ref)
         todo += _references(ref[0], _module(ref[0])[0][ref[1]])

@@ -10,28 +10,18 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from lambdas import settings_catalog as sc
 from stepfunctions import catalog
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.repo_modules import REPO, module_path
 SOURCE_PACKAGES = ("lambdas", "skyfn", "rendezvous", "stepfunctions", "comm")
 # Reads whose variable name is not in the code, with the reason they are not settings.
 DYNAMIC_READS = {"lambdas.core.identity.secret_env": "the names SKYFN_SECRET_ENV maps (secrets, not settings)"}
 
 
 # --- the scan: what a handler's code reads ----------------------------------------------
-def module_path(module: str) -> Path | None:
-    base = REPO.joinpath(*module.split("."))
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
 @functools.lru_cache(maxsize=None)
 def _tree(module: str) -> ast.Module:
     return ast.parse(module_path(module).read_text())
