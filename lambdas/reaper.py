@@ -2,7 +2,9 @@
 leases go back to QUEUED (or FAILED past their retry budget), tasks dead-lettered by a
 queue (an endpoint's, or one of its lanes': lambdas/core/identity/lanes.py) are failed with
 the reason. The tasks it fails are pushed to their owners' connections like results
-(lambdas/core/tasks/push.py). Finished records leave the hot store by their own expiry
+(lambdas/core/tasks/push.py). It also carries task graphs on where the results function left
+them (lambdas/core/tasks/dataflow.py: a cascade cut short, a release whose sender died).
+Finished records leave the hot store by their own expiry
 (lambdas/adapters/redis_store/outbox.py), not here."""
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from lambdas.config import settings
 from lambdas.core import deps
 from lambdas.core.identity import lanes
-from lambdas.core.tasks import push, registry
+from lambdas.core.tasks import dataflow, push, registry
 from skyfn.protocol.queues import TaskQueue
 
 logger = Logger(service="skyfn-reaper")
@@ -63,8 +65,9 @@ def reap() -> dict[str, int]:
     for endpoint_id in endpoint_ids:
         dead += fail_dead_letters(endpoint_id, lanes_of.get(endpoint_id, []))
     legacy = store.expire_legacy_purge_index()
+    graph = dataflow.sweep(store)  # last: the tasks failed above may have dependents
     report = {"offline": len(offline), "requeued": requeued, "lease_failed": failed, "dead_lettered": dead,
-              "legacy_purge_index": legacy}
+              "legacy_purge_index": legacy, **{f"graph_{k}": v for k, v in graph.items()}}
     if any(report.values()):
         logger.info("reaped", extra=report)
     return report

@@ -20,7 +20,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from lambdas.core import deps
 from lambdas.core.identity import lanes
-from lambdas.core.tasks import blobs, direct_results, push, stage_metrics
+from lambdas.core.tasks import blobs, dataflow, direct_results, push, stage_metrics
 from skyfn.protocol.lanes import is_sealed
 from skyfn.protocol.messages import ResultPack
 from skyfn.protocol.states import format_events
@@ -50,9 +50,11 @@ def apply_pack(pack: ResultPack) -> tuple[int, int, int]:
 
 def _finish(endpoint_id: str, rows: list[list]) -> tuple[int, int, int]:
     # only tasks routed to the pack's endpoint: an agent answers for its own tasks alone
-    stored, dup, unknown, notices = deps.store().finish_notify(rows, endpoint_id)
+    store = deps.store()
+    stored, dup, unknown, notices = store.finish_notify(rows, endpoint_id)
     # tell the submitters' WebSocket connections, small results inside (DESIGN.md 2, step 7)
     push.notify(notices, {row[0]: (row[1], row[2], row[3], row[4]) for row in rows})
+    dataflow.advance(store)  # dependents of these tasks: released, or ended with them
     return stored, dup, unknown
 
 

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, WithJsonSchema, field_validator
 
 from skyfn.protocol.allowlist import MAX_ALLOWED_FUNCTIONS, AllowedFunction
+from skyfn.protocol.dataflow import MAX_INPUTS
 from skyfn.protocol.direct import MAX_SESSION_FUNCTIONS, SESSION_KEY_BYTES
 from skyfn.protocol.user_config import MAX_USER_CONFIG_BYTES, MAX_USER_CONFIG_DEPTH
 
@@ -209,6 +210,11 @@ class TaskRequest(_Body):
                                                 "arguments: copied to the endpoint's collection before the task runs")
     stage_out: Optional[list[StageItem]] = Field(default=None, max_length=MAX_STAGE_ITEMS, description="GlobusFile "
                                                  "outputs: sent from the endpoint to their collection after it ran")
+    inputs: Optional[list[Annotated[str, Field(min_length=2, max_length=36)]]] = Field(
+        default=None, min_length=1, max_length=MAX_INPUTS,
+        description="tasks whose results this one takes (skyfn.protocol.dataflow): a task id of the caller's, or "
+                    "'#<k>' for the k-th task of this request (before this one); the payload holds Input(i) "
+                    "placeholders in their places. The task is WAITING until every input SUCCEEDED.")
 
 
 class SubmitTasks(_Body):

@@ -33,6 +33,21 @@ class TaskTimedOut(TaskFailed):
     pass
 
 
+class DependencyFailed(TaskFailed):
+    """A task never ran because one of its inputs (a future passed as an argument) did not
+    succeed. `input_task_id` names that input, `input_state` its final state, and `cause`
+    is the exception it raised (None when it was cancelled, timed out or lost)."""
+
+    def __init__(self, task_id: str, input_task_id: str, input_state: str, reason: str,
+                 cause: BaseException | None = None):
+        super().__init__(task_id, "FAILED", reason)
+        self.input_task_id = input_task_id
+        self.input_state = input_state
+        self.cause = cause
+        if cause is not None:
+            self.__cause__ = cause
+
+
 class ResultExpired(SkyfnError, LookupError):
     """A task SUCCEEDED but the service no longer keeps its result (TaskStatus.result_expired):
     raised instead of returning None, which would read as the function's answer."""

@@ -11,6 +11,7 @@ import time
 
 class TaskState(str, enum.Enum):
     CREATED = "CREATED"
+    WAITING = "WAITING"  # for its inputs (futures passed as arguments): skyfn.protocol.dataflow
     QUEUED = "QUEUED"
     DISPATCHED = "DISPATCHED"
     RUNNING = "RUNNING"
@@ -27,7 +28,8 @@ FINAL_STATES = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.TIMED
 
 # Forward edges only; QUEUED is re-entered from DISPATCHED/RUNNING when a lease expires.
 TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
-    TaskState.CREATED: frozenset({TaskState.QUEUED, TaskState.FAILED, TaskState.CANCELLED}),
+    TaskState.CREATED: frozenset({TaskState.WAITING, TaskState.QUEUED, TaskState.FAILED, TaskState.CANCELLED}),
+    TaskState.WAITING: frozenset({TaskState.QUEUED, TaskState.FAILED, TaskState.CANCELLED}),
     TaskState.QUEUED: frozenset(
         {TaskState.DISPATCHED, TaskState.RUNNING, TaskState.SUCCEEDED, TaskState.FAILED, TaskState.TIMED_OUT, TaskState.CANCELLED}
     ),
@@ -48,6 +50,7 @@ TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
 # made only by the reaper, never by an agent report.
 RANK = {
     TaskState.CREATED: 0,
+    TaskState.WAITING: 0.5,
     TaskState.QUEUED: 1,
     TaskState.DISPATCHED: 2,
     TaskState.RUNNING: 3,
@@ -93,6 +96,7 @@ STAGING_IN, STAGED_IN, STAGING_OUT, STAGED_OUT = "STAGING_IN", "STAGED_IN", "STA
 # Stages of a task's latency breakdown, read back from its events (DESIGN.md section 2).
 STAGES = (
     ("service", TaskState.CREATED, TaskState.QUEUED),
+    ("waiting", TaskState.WAITING, TaskState.QUEUED),  # for inputs; taken out of "service" below
     ("queue_wait", TaskState.QUEUED, TaskState.DISPATCHED),
     ("stage_in", STAGING_IN, STAGED_IN),
     ("dispatch", TaskState.DISPATCHED, TaskState.RUNNING),
@@ -116,4 +120,6 @@ def stage_latencies(events: list[tuple[str, float]]) -> dict[str, float]:
         s, e = last.get(str(start)), last.get(str(end))
         if s is not None and e is not None:
             out[name] = max(0.0, e - s)
+    if "waiting" in out and "service" in out:  # the service's own time is what waiting leaves of it
+        out["service"] = max(0.0, out["service"] - out["waiting"])
     return out

@@ -28,10 +28,13 @@ batch at once, so a batch of 10,000 tasks costs a handful of round trips. Key la
                    first:<owner> the time of the owner's first task (tells whether it is complete)
   ds:<session>     hash: o owner, e endpoint, f:<function> 1: a direct session
                    (lambdas/core/tasks/sessions.py), whose reported results _DIRECT records
+  w:<task>, settled, release, releasing, and the fields in/dn/wp/wd/pn of a task record:
+                   task graphs (tasks WAITING for their inputs), laid out in graph_scripts
 
 Modules, one concern each: rows (what the store returns: TaskRow, Notice, states),
 scripts (the Lua scripts of every state change), store (TaskStore: the task records'
 lifecycle, memoization and reads), done (the completion streams done:<owner> that the
 status long-poll and the results push read), idempotency (idem:<owner>:<k>) and outbox
-(the history outbox and the expiry of archived records). TaskStore combines them.
+(the history outbox and the expiry of archived records), graph and graph_scripts (tasks
+waiting for inputs, their release and the ends along their edges). TaskStore combines them.
 """

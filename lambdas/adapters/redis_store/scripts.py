@@ -3,6 +3,8 @@ is an atomic compare-and-set that takes a whole batch at once, so a batch of 10,
 costs a handful of round trips. The key layout is in the package's docstring."""
 from __future__ import annotations
 
+from lambdas.adapters.redis_store.graph_scripts import PINS
+
 # Scripts that finish, read or archive work already accepted run even when Redis is at its
 # maxmemory (noeviction refuses other writes then): the service answers new submissions
 # 429 at that point (lambdas/core/tasks/backlog.py), but tasks it took must still end,
@@ -90,9 +92,9 @@ local ended, unload = {}, {}
 local stored, dup, unknown = 0, 0, 0
 for i, r in ipairs(rows) do
   local key = 't:' .. r[1]
-  local v = redis.call('HMGET', key, 's', 'e', 'ev', 'o', 'tg', 'mk')
+  local v = redis.call('HMGET', key, 's', 'e', 'ev', 'o', 'tg', 'mk', 'wd')
   local s = v[1]
-  if not s or (from ~= '' and v[2] ~= from) then
+  if not s or s == 'WAITING' or (from ~= '' and v[2] ~= from) then
     unknown = unknown + 1  -- or routed to another endpoint than the sender's: not its to answer
   elseif s == 'SUCCEEDED' or s == 'FAILED' or s == 'TIMED_OUT' or s == 'CANCELLED' then
     dup = dup + 1
@@ -111,6 +113,7 @@ for i, r in ipairs(rows) do
       per[field] = (per[field] or 0) + 1
     end
     ended[#ended + 1] = r[1]
+    if v[7] then redis.call('RPUSH', 'settled', r[1]) end  -- its dependents are told (graph_scripts)
     local owner = v[4]
     if r[2] == 'SUCCEEDED' and r[3] ~= cjson.null and ARGV[5] and v[6] then
       redis.call('SET', 'memo:' .. owner .. ':' .. v[6], r[3], 'EX', ARGV[5])
@@ -268,6 +271,7 @@ for i, id in ipairs(ids) do
                  'ev', (redis.call('HGET', key, 'ev') or '') .. 'FAILED@' .. now .. ';')
       unload(key)
       redis.call('RPUSH', 'outbox', id)
+      if redis.call('HEXISTS', key, 'wd') == 1 then redis.call('RPUSH', 'settled', id) end
       local owner = redis.call('HGET', key, 'o')
       if not done[owner] then done[owner], why[owner] = {}, {}; table.insert(owners, owner) end
       table.insert(done[owner], id)
@@ -290,7 +294,9 @@ return {requeued, failed, notices}
 """
 
 # A cancel newly written returns its completion-stream entry (prev, id); a retried one none.
-CANCEL = _ALLOW_OOM + _UNLOAD + _PREV + """
+# A WAITING task was not counted in load:<endpoint>; a dependent's inputs are unpinned and its
+# own dependents told (graph_scripts).
+CANCEL = _ALLOW_OOM + _UNLOAD + _PREV + PINS + """
 local key = 't:' .. ARGV[1]
 local s = redis.call('HGET', key, 's')
 if not s then return false end
@@ -299,19 +305,27 @@ if s == 'CANCELLED' then return {'OK', redis.call('HGET', key, 'e')} end
 if s == 'SUCCEEDED' or s == 'FAILED' or s == 'TIMED_OUT' then return {s, false} end
 redis.call('HSET', key, 's', 'CANCELLED', 'why', ARGV[5],
            'ev', (redis.call('HGET', key, 'ev') or '') .. 'CANCELLED@' .. ARGV[3] .. ';')
-unload(key)
+if s ~= 'WAITING' then unload(key) end
 redis.call('ZREM', 'leases', ARGV[1])
 redis.call('RPUSH', 'outbox', ARGV[1])
+local g = redis.call('HMGET', key, 'wp', 'in', 'wd')
+if g[1] then
+  redis.call('HDEL', key, 'wp', 'dn')
+  unpin_all(g[2], tonumber(ARGV[4]), math.floor(tonumber(ARGV[6]) * 1000))
+end
+if g[3] then redis.call('RPUSH', 'settled', ARGV[1]) end
 local id = redis.call('XADD', 'done:' .. ARGV[2], 'MAXLEN', '~', 10000, '*', 'ids', ARGV[1])
 redis.call('EXPIRE', 'done:' .. ARGV[2], 86400)
 return {'OK', redis.call('HGET', key, 'e'), _prev(ARGV[2], id), id}
 """
 
 # A record leaves Redis by its own expiry, set once it is both archived (h) and read (rt):
-# result_ttl after the read, or unretrieved_ttl after archival when nobody read it (ARCHIVED).
+# result_ttl after the read, or unretrieved_ttl after archival when nobody read it (ARCHIVED);
+# not while a dependent will still read its result (pn: graph_scripts sets it when unpinned).
 _EXPIRE_READ = """
 local function read_now(key, now, ttl_ms)
-  if redis.call('HSETNX', key, 'rt', now) == 1 and redis.call('HEXISTS', key, 'h') == 1 then
+  if redis.call('HSETNX', key, 'rt', now) == 1 and redis.call('HEXISTS', key, 'h') == 1
+     and redis.call('HEXISTS', key, 'pn') == 0 then
     redis.call('PEXPIRE', key, ttl_ms)
   end
 end
@@ -345,7 +359,9 @@ for i = 4, #ARGV do
   if redis.call('EXISTS', key) == 1 and redis.call('HSET', key, 'h', 1) == 1 then
     n = n + 1
     local rt = redis.call('HGET', key, 'rt')
-    if rt then
+    if redis.call('HEXISTS', key, 'pn') == 1 then
+      -- a dependent still reads its result: the expiry comes with the last unpin
+    elseif rt then
       redis.call('PEXPIREAT', key, math.floor((tonumber(rt) + ttl) * 1000))
     else
       redis.call('PEXPIRE', key, unread)

@@ -11,6 +11,7 @@ import orjson
 import redis
 
 from lambdas.adapters.redis_store.done import DoneStreams
+from lambdas.adapters.redis_store.graph import TaskGraph
 from lambdas.adapters.redis_store.idempotency import IdempotencyKeys
 from lambdas.adapters.redis_store.outbox import HistoryOutbox
 from lambdas.adapters.redis_store.rows import CANCEL_REASON, RECENT_MAX, Notice, TaskRow, decoded
@@ -20,7 +21,7 @@ from skyfn.protocol.queues.redis_streams import SOCKET_TIMEOUT_S
 from skyfn.protocol.states import parse_events
 
 
-class TaskStore(IdempotencyKeys, DoneStreams, HistoryOutbox):
+class TaskStore(IdempotencyKeys, DoneStreams, HistoryOutbox, TaskGraph):
     """Batch operations on the hot task store."""
 
     def __init__(self, client: redis.Redis, result_ttl: float = 600.0, unretrieved_ttl: float = 7 * 86400.0,
@@ -40,6 +41,7 @@ class TaskStore(IdempotencyKeys, DoneStreams, HistoryOutbox):
         self._direct = client.register_script(DIRECT)
         self._archived = client.register_script(ARCHIVED)
         self._history_read = client.register_script(HISTORY_READ)
+        self._register_graph_scripts()
 
     @classmethod
     def from_url(cls, url: str, **kw: Any) -> "TaskStore":
@@ -150,7 +152,8 @@ class TaskStore(IdempotencyKeys, DoneStreams, HistoryOutbox):
         """('OK', endpoint, notices) when cancelled (the notice only when cancelled now: a
         retried cancel succeeds again, unannounced), (final state, None, []) when it finished
         otherwise, None when unknown."""
-        out = self._cancel(args=[task_id, owner, f"{time.time():.6f}", self.result_ttl, CANCEL_REASON])
+        out = self._cancel(args=[task_id, owner, f"{time.time():.6f}", self.result_ttl, CANCEL_REASON,
+                                 self.unretrieved_ttl])
         if not out:
             return None
         notices = []

@@ -90,6 +90,22 @@ def check_payloads(user: str, tasks: list) -> None:
                                   "get an upload form from POST /blobs (the SDK does this by itself)")
 
 
+def put_payload(user: str, text: str) -> str:
+    """A payload the service made (a released dependent's arguments with its inputs' results,
+    lambdas/core/tasks/dataflow.py) stored under the user's prefix; its reference."""
+    key = f"args/{namespace(user)}/{uuid.uuid4()}"
+    _s3().put(key, [text.encode()])
+    return blobs.make_ref(key)
+
+
+def input_url(result: Optional[str]) -> Optional[str]:
+    """A presigned GET of a result in S3 that a dependent takes as input: it may wait in its
+    endpoint's queue as long as an argument may."""
+    if not blobs.is_ref(result) or not enabled():
+        return None
+    return _s3().presign_download(blobs.target(result), GET_SECONDS)
+
+
 def payload_url(payload: str) -> Optional[str]:
     if not blobs.is_ref(payload):
         return None

@@ -26,7 +26,7 @@ def keys(req: SubmitTasks, functions: dict[str, "FunctionBody"]) -> list[str | N
     for t in req.tasks:
         fn = functions[t.function_id]
         wanted = t.memoize if t.memoize is not None else req.memoize if req.memoize is not None else fn.memoize
-        if not wanted:
+        if not wanted or t.inputs:  # a payload of Input placeholders says nothing of the arguments
             out.append(None)
             continue
         container = t.container or fn.container

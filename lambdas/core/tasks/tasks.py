@@ -22,14 +22,13 @@ from lambdas.adapters.redis_store.rows import TaskRow
 from lambdas.config import settings
 from lambdas.core import deps
 from lambdas.core.identity import allowlist, lanes, submitters
-from lambdas.core.tasks import backlog, blobs, groups, idempotency, memo, push, registry
+from lambdas.core.tasks import backlog, blobs, dataflow, groups, idempotency, memo, push, registry
+from lambdas.core.tasks.packs import pack_extra, packs, task_queue, task_spec
 from lambdas.core.errors import Conflict, NotFound, ServiceError, Unavailable
 from lambdas.core.ids import is_uuid, keyed_ids, new_id, new_ids
 from skyfn.protocol.api import SubmitTasks, TaskInfo, TaskStatus
 from skyfn.protocol.blobs import HEADER as BLOB_HEADER
-from skyfn.protocol.messages import PACK_MAX_BYTES, PACK_MAX_TASKS
 from skyfn.protocol.states import FINAL_STATES, parse_events
-from skyfn.protocol.user_config import config_key
 from skyfn.protocol.user_config import problem as user_config_problem
 
 logger = Logger(service="skyfn-tasks", child=True)
@@ -114,14 +113,21 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None,
     key = req.idempotency_key
     submission_id = keyed_ids(owner, key, 1, "submission")[0] if key else new_id()
     task_ids = task_ids or (keyed_ids(owner, key, len(tasks)) if key else new_ids(len(tasks)))
+    inputs = dataflow.inputs_of(owner, req, task_ids) if any(t.inputs for t in tasks) else {}
     by_endpoint: dict[str, list[int]] = {}
-    rows, hit_rows = [], []
+    rows, hit_rows, waiting = [], [], []
     for i, (tid, t) in enumerate(zip(task_ids, tasks)):
         ep = routing.endpoints[i]
         tag = routing.tags.get(t.function_id)
         if i in cached:
             mk, result = cached[i]
             hit_rows.append([tid, t.function_id, ep or "", result, mk, tag])
+            continue
+        if ep and i in inputs:  # WAITING for its inputs, sent when they SUCCEEDED (dataflow.py)
+            waiting.append(dataflow.waiting_row(
+                tid, t.function_id, ep, t.max_retries if t.max_retries is not None else req.max_retries, tag,
+                inputs[i], task_spec(tid, t, containers, routing.tags),
+                pack_extra(owner, who, req.user_config), lanes.multi_user(routing.records.get(ep))))
             continue
         if ep:
             by_endpoint.setdefault(ep, []).append(i)
@@ -145,11 +151,13 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None,
     if routing.refused:  # the group's policy placed them nowhere (followup: fail)
         push.notify(store.finish([[task_ids[i], "FAILED", None, None, reason, ""]
                                   for i, reason in routing.refused.items() if i not in cached])[3])
+    if waiting:
+        dataflow.store_waiting(owner, submission_id, waiting, created)
     sent: set[str] = set()
     try:
         for ep, indices in by_endpoint.items():
-            queue = _task_queue(ep, routing.records.get(ep), who, req.user_config)
-            queue.send(list(_packs(ep, indices, task_ids, tasks, bodies, containers, routing.tags, functions,
+            queue = task_queue(ep, lanes.multi_user(routing.records.get(ep)), who, req.user_config)
+            queue.send(list(packs(ep, indices, task_ids, tasks, bodies, containers, routing.tags, functions,
                                     owner=owner, identity=who, user_config=req.user_config)))
             sent.update(task_ids[i] for i in indices)
     except Exception as exc:
@@ -157,20 +165,9 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None,
             push.notify(store.fail_unqueued([tid for tid in task_ids if tid not in sent], f"could not be queued: {exc}"))
         raise Unavailable(f"the task queue refused the submission ({type(exc).__name__}); retry with the same "
                           "idempotency key") from exc
-    if not rows:
+    if not rows:  # none went through CREATE, which writes it
         store.enqueue_submission_record(record)
     return {"submission_id": submission_id, "task_ids": task_ids, "replayed": False}
-
-
-def _task_queue(endpoint_id: str, record: dict[str, str] | None, who: dict[str, Any], user_config: Any):
-    """The endpoint's task queue, or the lane the submitter's (identity, config key) is bound to
-    at a multi-user endpoint (lambdas/core/identity/lanes.py): that user agent gets the tasks
-    straight away. Only a multi-user endpoint's record costs the lookup."""
-    if lanes.enabled() and lanes.multi_user(record):
-        lane = lanes.lane_for(endpoint_id, who["id"], config_key(user_config))
-        if lane is not None:
-            return deps.lane_queue(endpoint_id, lane)[0]
-    return deps.task_queue(endpoint_id)[0]
 
 
 def _not_yet_queued(store, rows, by_endpoint, task_ids):
@@ -189,72 +186,6 @@ def _not_yet_queued(store, rows, by_endpoint, task_ids):
     by_endpoint = {ep: kept for ep, indices in by_endpoint.items() if (kept := [i for i in indices if i in resend])}
     logger.info("idempotent retry", extra={"existing": len(ids) - len(rows), "resent": len(resend)})
     return rows, by_endpoint
-
-
-def _packs(endpoint_id, indices, task_ids, tasks, bodies, containers, tags=None, functions=None, owner=None,
-           identity=None, user_config=None):
-    """Yield encoded TaskPacks of at most PACK_MAX_TASKS tasks / ~PACK_MAX_BYTES.
-    `functions` (registry.FunctionBody by id) gives each pack its functions' owners and
-    names, which endpoint allowlists of owner and name entries are checked against.
-    Every pack carries `identity` (SubmitterIdentity: {id: owner} when not given) and the
-    request's `user_config`, unchanged, for a multi-user endpoint."""
-    if identity is None and owner:
-        identity = {"id": owner}
-    extra: dict[str, Any] = {}
-    if identity:
-        extra["identity"] = identity
-    if user_config is not None:
-        extra["user_config"] = user_config
-    base = len(orjson.dumps(extra)) if extra else 0  # in every pack
-    batch: list[dict[str, Any]] = []
-    fns: dict[str, str] = {}
-    size = base
-    for i in indices:
-        t = tasks[i]
-        spec = {"task_id": task_ids[i], "function_id": t.function_id, "payload": t.payload}
-        container = t.container or containers.get(t.function_id)
-        if container:
-            spec["container"] = container
-        if t.walltime:
-            spec["walltime"] = t.walltime
-        if t.resources:
-            spec["resources"] = {"cores": t.resources.cores, "gpus": t.resources.gpus}
-        tag = tags.get(t.function_id) if tags else None
-        if tag:
-            spec["tag"] = tag
-        if t.stage_in:  # GlobusFile arguments: the agent stages them (endpoint_agent/staging.py)
-            spec["stage_in"] = [{"collection": i.collection, "path": i.path} for i in t.stage_in]
-        if t.stage_out:
-            spec["stage_out"] = [{"collection": i.collection, "path": i.path} for i in t.stage_out]
-        if t.payload.startswith(BLOB_HEADER):  # in S3: the agent fetches it with a presigned URL
-            spec["payload_url"] = blobs.payload_url(t.payload)
-        cost = len(t.payload) + 120 + (len(bodies[t.function_id]) if t.function_id not in fns else 0)
-        if batch and (len(batch) >= PACK_MAX_TASKS or size + cost > PACK_MAX_BYTES):
-            yield _pack(endpoint_id, batch, fns, functions, owner, extra)
-            batch, fns, size = [], {}, base
-            cost = len(t.payload) + 120 + len(bodies[t.function_id])
-        fns.setdefault(t.function_id, bodies[t.function_id])
-        batch.append(spec)
-        size += cost
-    if batch:
-        yield _pack(endpoint_id, batch, fns, functions, owner, extra)
-
-
-def _pack(endpoint_id: str, tasks: list[dict[str, Any]], fns: dict[str, str], functions=None,
-          owner: str | None = None, extra: dict[str, Any] | None = None) -> bytes:
-    """One encoded TaskPack; `extra`: its identity and user_config."""
-    pack = {"pack_id": new_id(), "endpoint_id": endpoint_id, "functions": fns, "tasks": tasks}
-    if extra:
-        pack.update(extra)
-    if owner:  # whose tasks these are: data refs are resolved for this user (skyfn.data.capability)
-        pack["owner"] = owner
-    if functions:
-        pack["function_meta"] = {fid: {"owner": functions[fid].owner, "name": functions[fid].name}
-                                 for fid in fns if fid in functions}
-    upload = blobs.result_upload(endpoint_id)  # where the agent puts results too large to travel inline
-    if upload:
-        pack["result_upload"] = upload
-    return orjson.dumps(pack)
 
 
 @dataclass
@@ -388,6 +319,8 @@ def cancel(owner: str, task_id: str) -> TaskStatus:
         raise NotFound(f"task {task_id} not found")
     state, endpoint_id, notices = outcome
     push.notify(notices)  # the owner's connections learn it as they learn results
+    if state == "OK":
+        dataflow.advance()  # its dependents are cancelled too
     if state != "OK":
         raise Conflict(f"task {task_id} is already {state}: only tasks that have not finished can be cancelled")
     try:  # tell the agent, so a running task is stopped; the state is CANCELLED either way
