@@ -219,3 +219,18 @@ def test_a_fan_in_of_10000_inputs(world):
     env = open_envelope(sent(ep)[sink]["payload"])
     assert [e["task_id"] for e in env["inputs"]] == ids[:-1]
     assert json.loads(env["inputs"][-1]["result"].split("\n", 1)[1]) == n - 1
+
+
+def test_tasks_with_inputs_are_never_answered_from_the_memo_cache(world):
+    api, fid, ep = world
+    a, b = submit(api, fid, ep, plain(1), plain(2))
+    finish(ep, a, value=1)
+    finish(ep, b, value=2)
+    body = {"endpoint_id": ep["endpoint_id"], "memoize": True}
+    status, first = api.call("POST", "/tasks", {**body, "tasks": [{"function_id": fid, **dependent([a], Input(0))}]})
+    finish(ep, first["task_ids"][0], value=1)
+    # the same payload (one placeholder) with another input: a memo key of the payload would answer 1
+    status, second = api.call("POST", "/tasks", {**body, "tasks": [{"function_id": fid, **dependent([b], Input(0))}]})
+    assert status == 202
+    got = info(api, second["task_ids"][0])
+    assert got["state"] == "QUEUED" and "MEMO_HIT" not in [e[0] for e in got["events"]]

@@ -320,3 +320,31 @@ def test_data_locations_are_validated(api, eps):
     status, body = api.call("POST", "/tasks", {"endpoint_id": eps["alpha"], "tasks": [
         {"function_id": fid, "payload": pack_args((1,), {}), "data_locations": {eps["beta"]: -1}}]})
     assert status == 422 and "data_locations" in str(body)
+
+
+def test_a_dependent_goes_where_its_inputs_are(api, eps):
+    """Dataflow (issue 26): a task's inputs count as its data, whether named by id or as an
+    earlier task of the same request placed by the group itself."""
+    from skyfn.protocol.dataflow import Input
+
+    g = group(api, eps, """
+        default:
+          - workers: "*"
+            strategy: data_local
+        """)
+    fid = fn(api)
+    status, body = api.call("POST", "/tasks", {"endpoint_id": eps["gamma"], "tasks": [
+        {"function_id": fid, "payload": pack_args((1,), {})}]})
+    (on_gamma,) = body["task_ids"]
+    dependent = {"function_id": fid, "payload": pack_args((Input(0),), {})}
+    for _ in range(3):  # never by chance: each time on gamma
+        status, body = api.call("POST", "/tasks", {"group_id": g["group_id"], "tasks": [
+            {**dependent, "inputs": [on_gamma]}]})
+        assert status == 202, body
+        assert where(api, body["task_ids"]) == [eps["gamma"]]
+    status, body = api.call("POST", "/tasks", {"group_id": g["group_id"], "tasks": [
+        {"function_id": fid, "payload": pack_args((1,), {})}, {**dependent, "inputs": ["#0"]},
+        {**dependent, "inputs": ["#1"]}]})
+    assert status == 202, body
+    placed = where(api, body["task_ids"])
+    assert placed[1] == placed[2] == placed[0]

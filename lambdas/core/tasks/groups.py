@@ -181,19 +181,72 @@ def route(owner: str, req: SubmitTasks, containers: dict[str, Optional[str]],
     routing = Routing(endpoints=[v if k == "e" else "" for k, v in targets],
                       tags=tags if tags is not None else function_tags({t.function_id for t in tasks}),
                       records=records)
-    by_group: dict[str, list[int]] = {}
+    by_group: dict[tuple[int, str], list[int]] = {}
+    levels = input_levels(tasks)  # a task is placed after the request's tasks it takes as inputs
     for i, (k, v) in enumerate(targets):
         if k == "g":
-            by_group.setdefault(v, []).append(i)
-    for group_id, indices in by_group.items():
+            by_group.setdefault((levels[i], v), []).append(i)
+    outside = outside_inputs(tasks)
+    for (_, group_id), indices in sorted(by_group.items()):
+        data = [with_inputs(tasks[i], routing.endpoints, outside) for i in indices]
         placed = place(owner, group_id, [routing.tags.get(tasks[i].function_id) for i in indices],
                        [tasks[i].container or containers.get(tasks[i].function_id) for i in indices],
-                       [tasks[i].data_locations for i in indices], records=routing.records)
+                       data, records=routing.records)
         for i, (ep, reason) in zip(indices, placed):
             routing.endpoints[i] = ep
             if reason is not None:
                 routing.refused[i] = reason
     return routing
+
+
+# Where a task's inputs are counts as its data (data_local, the `data` affinity): an input's
+# result in the hot store weighs its size, one in S3 or not yet made this much.
+INPUT_WEIGHT = 1 << 20
+
+
+def input_levels(tasks: list) -> list[int]:
+    """0 for a task without inputs in its own request; else 1 + the highest level of those."""
+    levels: list[int] = []
+    for t in tasks:
+        level = 0
+        for text in t.inputs or ():
+            if text.startswith("#") and text[1:].isdigit() and int(text[1:]) < len(levels):
+                level = max(level, levels[int(text[1:])] + 1)
+        levels.append(level)
+    return levels
+
+
+def outside_inputs(tasks: list) -> dict[str, tuple[str, int]]:
+    """Input task id -> (its endpoint, weight) for the inputs named by id (one round trip)."""
+    ids = sorted({x for t in tasks for x in t.inputs or () if not x.startswith("#")})
+    if not ids:
+        return {}
+    pipe = deps.redis_client().pipeline(transaction=False)
+    for tid in ids:
+        pipe.hget(f"t:{tid}", "e")
+        pipe.hstrlen(f"t:{tid}", "res")
+    got = pipe.execute()
+    out = {}
+    for tid, ep, size in zip(ids, got[0::2], got[1::2]):
+        if ep:
+            out[tid] = (ep.decode(), size if 0 < size < INPUT_WEIGHT else INPUT_WEIGHT)
+    return out
+
+
+def with_inputs(task, endpoints: list[str], outside: dict[str, tuple[str, int]]) -> Optional[dict[str, int]]:
+    """The task's data locations, its inputs' endpoints added."""
+    if not task.inputs:
+        return task.data_locations
+    data = dict(task.data_locations or {})
+    for text in task.inputs:
+        if text.startswith("#"):
+            k = int(text[1:]) if text[1:].isdigit() else -1
+            where = (endpoints[k], INPUT_WEIGHT) if 0 <= k < len(endpoints) and endpoints[k] else None
+        else:
+            where = outside.get(text)
+        if where is not None:
+            data[where[0]] = data.get(where[0], 0) + where[1]
+    return data or None
 
 
 def function_tags(function_ids: set[str]) -> dict[str, Optional[str]]:
