@@ -272,7 +272,7 @@ def report(
 
 
 # --- task (seeing a batch; issue 13) ---------------------------------------------------------
-task_app = typer.Typer(help="Your tasks: watch a batch live.", no_args_is_help=True)
+task_app = typer.Typer(help="Your tasks: watch a batch live, read a result.", no_args_is_help=True)
 app.add_typer(task_app, name="task")
 
 
@@ -305,6 +305,37 @@ def task_watch(
                              push=not no_push)
         except WatchError as exc:
             _fail(str(exc))
+    raise typer.Exit(run_action(action))
+
+
+@task_app.command("result")
+def task_result(
+    task_id: str = typer.Argument(..., help="the task's id"),
+    timeout: float = typer.Option(0.0, "--timeout", min=0.0, help="wait up to this many seconds for it to finish "
+                                                                  "(0: answer now)"),
+) -> None:
+    """Print a task's result (repr of the value, or JSON when it is plain data). Exit 0 when
+    it SUCCEEDED, 1 when it failed (the error is printed), 3 when it has not finished yet."""
+    def action():
+        import json
+
+        from skyfn import Client
+
+        with Client() as client:
+            try:
+                value = client.get_result(task_id, timeout=timeout)
+            except TimeoutError:
+                typer.echo(f"task {task_id} has not finished yet: try again later, or wait with --timeout SECONDS",
+                           err=True)
+                return 3
+            except Exception as exc:  # noqa: BLE001 - the task's own failure, shown as such
+                typer.echo(f"{type(exc).__name__}: {exc}", err=True)
+                return 1
+        try:
+            typer.echo(json.dumps(value, indent=2))
+        except (TypeError, ValueError):
+            typer.echo(repr(value))
+        return 0
     raise typer.Exit(run_action(action))
 
 

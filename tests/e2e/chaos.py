@@ -17,6 +17,12 @@ The report: submitted, completed, failed (grouped by reason), duplicated (a resu
 delivered twice, a wrong result, or a task with more than one final state in the
 service), lost (submitted, never finished), executions and re-executions (from a log
 each task appends to before returning: at-least-once execution is allowed), kills.
+
+With `graphs` (`--graphs`, issue 26) the clients submit task graphs instead of independent
+tasks: blocks of five, a -> (b, c) -> d -> e (a diamond, then a chain), each task taking
+its inputs' futures and returning 1 + their sum. The report adds `edges` and
+`ran_before_inputs`: executions of a task that began before any execution of one of its
+inputs had ended (from the same log, which then holds each execution's start and end).
 """
 from __future__ import annotations
 
@@ -55,22 +61,63 @@ def chaos_task(client, i, log_dir, seconds=0.0):
     return [client, i]
 
 
+def chaos_node(client, i, log_dir, seconds=0.0, *inputs):
+    """A graph's task: works `seconds`, logs 'i start end' (one line per execution), returns
+    [client, i, 1 + the sum of its inputs' values]."""
+    import os as _os
+    import time as _time
+
+    began = _time.time()
+    if seconds:
+        _time.sleep(seconds)
+    value = 1 + sum(v[2] for v in inputs)
+    fd = _os.open(_os.path.join(log_dir, f"exec-{client}.log"), _os.O_WRONLY | _os.O_APPEND | _os.O_CREAT, 0o644)
+    try:
+        _os.write(fd, f"{i} {began:.6f} {_time.time():.6f}\n".encode())
+    finally:
+        _os.close(fd)
+    return [client, i, value]
+
+
+# Each block of five: index offset -> the offsets of its inputs (a, b(a), c(a), d(b, c), e(d)).
+BLOCK = {0: (), 1: (0,), 2: (0,), 3: (1, 2), 4: (3,)}
+
+
+def graph_inputs(n: int) -> dict[int, tuple[int, ...]]:
+    """Task index -> the indices of its inputs, for n tasks in blocks (a short last block keeps its edges)."""
+    return {i: tuple(i - i % 5 + k for k in BLOCK[i % 5]) for i in range(n)}
+
+
+def graph_values(n: int) -> dict[int, int]:
+    inputs, values = graph_inputs(n), {}
+    for i in range(n):
+        values[i] = 1 + sum(values[k] for k in inputs[i])
+    return values
+
+
 # --- one client process --------------------------------------------------------------
 
 def client_main(client: int, n: int, pace_seconds: float, log_dir: str, out: str, timeout: float,
-                task_seconds: float = 0.0) -> None:
+                task_seconds: float = 0.0, graphs: bool = False) -> None:
     """Submit n tasks spread over pace_seconds with a default Executor, wait for every
-    future, write {i: outcome} to `out`."""
+    future, write {i: outcome} to `out`. With `graphs`, as blocks of a task graph."""
     from skyfn import Executor
 
     outcomes: dict[int, dict] = {}
     started = time.monotonic()
+    inputs = graph_inputs(n) if graphs else {}
+    expected = graph_values(n) if graphs else {}
     with Executor(endpoint="local") as ex:
         futures = {}
         chunk = max(1, n // max(1, int(pace_seconds * 5)))
+        chunk = chunk + (-chunk) % 5 if graphs else chunk  # whole blocks
         for start in range(0, n, chunk):
             for i in range(start, min(n, start + chunk)):
-                futures[i] = ex.submit(chaos_task, client, i, log_dir, task_seconds)
+                if graphs:
+                    futures[i] = ex.submit(chaos_node, client, i, log_dir, task_seconds,
+                                           *[futures[k] for k in inputs[i]])
+                else:
+                    futures[i] = ex.submit(chaos_task, client, i, log_dir, task_seconds)
             due = started + pace_seconds * min(n, start + chunk) / n
             time.sleep(max(0.0, due - time.monotonic()))
         submitted_at = time.monotonic()
@@ -78,7 +125,8 @@ def client_main(client: int, n: int, pace_seconds: float, log_dir: str, out: str
         for i, fut in futures.items():
             try:
                 value = fut.result(timeout=max(0.0, deadline - time.monotonic()))
-                outcomes[i] = {"ok": value == [client, i], "value": value, "task_id": fut.task_id}
+                want = [client, i, expected[i]] if graphs else [client, i]
+                outcomes[i] = {"ok": value == want, "value": value, "task_id": fut.task_id}
             except TimeoutError:
                 outcomes[i] = {"pending": True, "task_id": fut.task_id}
             except BaseException as exc:  # noqa: BLE001 - every outcome is reported
@@ -208,7 +256,8 @@ def _final_events(home: Path, task_ids: list[str]) -> tuple[dict[str, int], dict
 
 def run(tasks: int = 20000, clients: int = 4, pace: float = 120.0, interval: tuple[float, float] = (2.0, 8.0),
         workers: int = 2, seed: int = 1, timeout: float = 900.0, victims=VICTIMS, home: Path | None = None,
-        task_seconds: float = 0.01, min_kills: int = 2, kills_timeout: float = 300.0, echo=print) -> dict:
+        task_seconds: float = 0.01, min_kills: int = 2, kills_timeout: float = 300.0, echo=print,
+        graphs: bool = False) -> dict:
     import yaml
 
     from infra.local import recover, runtime
@@ -236,7 +285,7 @@ def run(tasks: int = 20000, clients: int = 4, pace: float = 120.0, interval: tup
         for c in range(clients):
             out = home / f"client-{c}.json"
             code = (f"from tests.e2e.chaos import client_main; client_main({c}, {per[c]}, {pace}, {str(log_dir)!r}, "
-                    f"{str(out)!r}, {timeout}, {task_seconds})")
+                    f"{str(out)!r}, {timeout}, {task_seconds}, {graphs})")
             with open(home / f"client-{c}.log", "wb") as log:
                 procs.append((subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdout=log,
                                                stderr=subprocess.STDOUT), out))
@@ -262,7 +311,7 @@ def run(tasks: int = 20000, clients: int = 4, pace: float = 120.0, interval: tup
         revived = recover.revive(home)
         for p, _ in procs:
             p.wait(timeout + 120)
-        return _report(home, procs, per, killer, chaos_seconds, revived, time.time() - started)
+        return _report(home, procs, per, killer, chaos_seconds, revived, time.time() - started, graphs)
     finally:
         for p, _ in procs:
             if p.poll() is None:
@@ -274,7 +323,7 @@ def run(tasks: int = 20000, clients: int = 4, pace: float = 120.0, interval: tup
             os.environ["SKYFN_HOME"] = saved_home
 
 
-def _report(home, procs, per, killer, chaos_seconds, revived, seconds) -> dict:
+def _report(home, procs, per, killer, chaos_seconds, revived, seconds, graphs=False) -> dict:
     outcomes: dict[tuple[int, int], dict] = {}
     missing_clients = []
     for c, (p, out) in enumerate(procs):
@@ -286,10 +335,14 @@ def _report(home, procs, per, killer, chaos_seconds, revived, seconds) -> dict:
         for i, o in data["outcomes"].items():
             outcomes[(c, int(i))] = o
     executions = collections.Counter()
+    spans: dict[tuple[int, int], list[tuple[float, float]]] = collections.defaultdict(list)
     for log in (home / "exec").glob("exec-*.log"):
         c = int(log.stem.split("-")[1])
-        for line in log.read_text().split():
-            executions[(c, int(line))] += 1
+        for line in log.read_text().splitlines():
+            i, *times = line.split()
+            executions[(c, int(i))] += 1
+            if times:
+                spans[(c, int(i))].append((float(times[0]), float(times[1])))
     task_ids = [o["task_id"] for o in outcomes.values() if o.get("task_id")]
     finals, states = _final_events_safe(home, task_ids)
     submitted = sum(per)
@@ -303,7 +356,9 @@ def _report(home, procs, per, killer, chaos_seconds, revived, seconds) -> dict:
     multi_final = sum(1 for n in finals.values() if n > 1)
     dup_ids = len(task_ids) - len(set(task_ids))
     completed_never_ran = sum(1 for k, o in outcomes.items() if o.get("ok") and executions[k] == 0)
+    graph = _graph_report(per, spans) if graphs else {}
     return {
+        **graph,
         "submitted": submitted, "completed": completed, "failed": sum(failed.values()),
         "failed_reasons": dict(failed),
         "duplicated": wrong + multi_final + dup_ids,
@@ -319,6 +374,18 @@ def _report(home, procs, per, killer, chaos_seconds, revived, seconds) -> dict:
         "kill_seconds": {v: [round(k["took"], 1) for k in killer.kills if k["victim"] == v] for v in VICTIMS},
         "revived_after_chaos": revived, "chaos_seconds": round(chaos_seconds, 1), "seconds": round(seconds, 1),
     }
+
+
+def _graph_report(per: list[int], spans: dict) -> dict:
+    """Edges, and executions that began before every execution of one of their inputs ended."""
+    edges = early = 0
+    for c, n in enumerate(per):
+        for i, ins in graph_inputs(n).items():
+            edges += len(ins)
+            for began, _ in spans.get((c, i), ()):
+                if any(not spans.get((c, k)) or began < min(end for _, end in spans[(c, k)]) for k in ins):
+                    early += 1
+    return {"edges": edges, "ran_before_inputs": early}
 
 
 def _final_events_safe(home, task_ids):
@@ -350,13 +417,15 @@ def main(argv=None) -> int:
                         "find tasks in flight")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--victims", nargs="+", choices=VICTIMS, default=list(VICTIMS))
+    parser.add_argument("--graphs", action="store_true", help="task graphs (blocks of five tasks with edges)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
     report = run(args.tasks, args.clients, args.pace, tuple(args.interval), args.workers, args.seed,
-                 victims=tuple(args.victims), task_seconds=args.task_seconds, echo=lambda m: print(m, file=sys.stderr))
+                 victims=tuple(args.victims), task_seconds=args.task_seconds, echo=lambda m: print(m, file=sys.stderr),
+                 graphs=args.graphs)
     print(json.dumps(report, indent=2) if args.json else "\n".join(f"{k}: {v}" for k, v in report.items()))
-    ok = report["lost"] == 0 and report["duplicated"] == 0 and "(no reason given)" not in " ".join(
-        report["failed_reasons"])
+    ok = report["lost"] == 0 and report["duplicated"] == 0 and report.get("ran_before_inputs", 0) == 0 \
+        and "(no reason given)" not in " ".join(report["failed_reasons"])
     return 0 if ok else 1
 
 
