@@ -22,13 +22,18 @@ from examples.crystallography_flow import INPUT, acquire, extract_metadata, plot
 
 
 def acquire_still(params, i):
-    """One still (its own seed and directory), as `acquire` renders them."""
+    """Still number i (its own seed), rendered as `acquire` renders them, saved as
+    <workdir>/still_<i>.npy."""
     import os
 
-    workdir = os.path.join(os.path.expanduser(params.get("workdir", "~/.skyfn/ssx")), f"still-{i:04d}")
+    workdir = os.path.expanduser(params.get("workdir", "~/.skyfn/ssx"))
+    scratch = os.path.join(workdir, f".still-{i:04d}")
     seed = int(params.get("seed", 7)) * 100_003 + i
-    (record,) = acquire({**params, "images": 1, "seed": seed, "workdir": workdir})
-    return {**record, "index": i}
+    (record,) = acquire({**params, "images": 1, "seed": seed, "workdir": scratch})
+    path = os.path.join(workdir, f"still_{i:04d}.npy")
+    os.replace(record["path"], path)
+    os.rmdir(scratch)
+    return {**record, "index": i, "path": path}
 
 
 def submit(ex, params: dict) -> dict:
