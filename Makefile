@@ -32,11 +32,15 @@ lint-imports: install
 	$(VENV)/bin/lint-imports --no-cache
 
 # Benchmarks run their peers (Parsl HTEX, Globus Compute's engine) in the same run.
-bench: bench-e2e bench-agent bench-warming
+bench: bench-e2e bench-agent bench-warming bench-dataflow
 
-bench-deps: install
-	$(PY) -m pip install -q -r requirements-bench.txt
+bench-deps: bench-requirements
 	test -x $(VENV)/peers/gce/bin/python || $(PY) -m benchmarks.agent --setup-gce
+
+# the peers installed in .venv (requirements-bench.txt: ProxyStore, Dask; Parsl comes with dev)
+.PHONY: bench-requirements
+bench-requirements: install
+	$(PY) -m pip install -q -r requirements-bench.txt
 
 bench-e2e: bench-deps
 	$(PY) -m benchmarks.e2e --json
@@ -52,6 +56,13 @@ bench-rtt-floor: bench-deps
 bench-warming: install
 	$(PY) -m benchmarks.warming --json
 
+# issue 26: futures as arguments -- a 1,000-task chain and a 10,000-into-1 fan-in on the embedded
+# runtime, with Parsl (DataFlowKernel over HTEX) and Dask distributed (LocalCluster) in the same
+# run, and the SDK's requests while a graph runs (benchmarks/dataflow.py; a few minutes)
+.PHONY: bench-dataflow
+bench-dataflow: bench-requirements
+	$(PY) -m benchmarks.dataflow --json
+
 # issue 24: sustained load, 5,000 no-op tasks/s for 10 minutes on the embedded runtime, results
 # read as they come; Redis memory, outbox, retirement and a probe's round trip sampled
 # (benchmarks/soak.py; ~13 minutes). Records retire result_ttl after they were read: 60 s here,
@@ -64,6 +75,24 @@ soak: install
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+
+# issue 26: Parsl's own test suite, from the installed parsl package, with every task on the
+# embedded runtime through SkyfnExecutor (skyfn/parsl): the selection Parsl's CI gave its
+# GlobusComputeExecutor, and the deselections beyond it listed in docs/parsl.md
+# (scripts/test_parsl.sh). Its own virtualenv: Parsl's tests need pytest<8
+# (requirements-parsl-suite.txt); parsl, skyfn and the rest come from .venv through a .pth file.
+PARSL_VENV := $(VENV)/parsl-suite
+PARSL_STAMP := $(PARSL_VENV)/.installed
+.PHONY: test-parsl
+$(PARSL_STAMP): requirements-parsl-suite.txt | $(STAMP)
+	rm -rf $(PARSL_VENV)
+	$(PYTHON) -m venv $(PARSL_VENV)
+	$(PARSL_VENV)/bin/python -m pip install -q -r requirements-parsl-suite.txt
+	$(PARSL_VENV)/bin/python -c "import sys, sysconfig; open(sysconfig.get_paths()['purelib'] + '/zz-skyfn-venv.pth', 'w').write('import site; site.addsitedir(%r)\n' % sys.argv[1])" \
+		"$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+	touch $(PARSL_STAMP)
+test-parsl: install $(PARSL_STAMP)
+	bash scripts/test_parsl.sh
 
 # issue 4: comm — communicator through real NATs (network namespaces; needs root) vs
 # iperf3, a C socket ping-pong and Redis; rendezvous pairings/s; collectives on 2/4/8 ranks.
@@ -125,7 +154,7 @@ cdk-lint: synth
 TEMPLATES := build/cdk.out-local
 DEPLOY_SUITES := tests/e2e/test_task_path.py tests/e2e/test_push.py tests/e2e/test_push_final_states.py \
 	tests/e2e/test_large_data.py tests/e2e/test_memo.py tests/e2e/test_data.py tests/e2e/test_flows_ap.py \
-	tests/e2e/test_result_retention.py tests/runs
+	tests/e2e/test_result_retention.py tests/e2e/test_dataflow.py tests/e2e/test_dataflow_release_iam.py tests/runs
 # Left out: a user's own S3 store is the user's account, for which moto (one account here)
 # would need the user's keys in the function
 DEPLOY_DESELECT := --deselect "tests/e2e/test_data.py::test_pipeline_a_to_b_through_a_users_own_s3_or_file_store[s3]"
@@ -169,6 +198,11 @@ bench-placement-sites: install
 .PHONY: chaos
 chaos: install
 	$(PY) -m tests.e2e.chaos --tasks 20000 --clients 4 --pace 200 --interval 2 8 --json
+
+# the same with task graphs (issue 26): blocks of five tasks with edges, checked for order
+.PHONY: chaos-graphs
+chaos-graphs: install
+	$(PY) -m tests.e2e.chaos --graphs --tasks 20000 --clients 4 --pace 200 --interval 2 8 --json
 
 # Security (H9): authentication, sharing, endpoint credentials, limits, S3 offload, no
 # secret in any log (docs/security.md, "What each security test proves").
