@@ -166,7 +166,9 @@ HANDLERS: dict[str, HandlerSettings] = {e.handler: e for e in (
            required=STORE | BUCKET | GATEWAY_AUTH | BACKLOG | PUSH | AGENT_KEYS | WORKFLOWS | RENDEZVOUS
            | {"SKYFN_AP_SCOPE"}),
     _entry("lambdas.results.handler", SERVICE_STACK, _CORE | STAGE_METRICS | S3, required=STORE | BUCKET | PUSH),
-    _entry("lambdas.reaper.handler", SERVICE_STACK, _CORE, required=STORE | PUSH),
+    # the reaper's dataflow sweep sends released dependents like the results function
+    # (lambdas/core/tasks/dataflow.py: envelopes and inputs' results through the bucket)
+    _entry("lambdas.reaper.handler", SERVICE_STACK, _CORE | S3, required=STORE | BUCKET | PUSH),
     _entry("lambdas.history.handler", SERVICE_STACK, BOOT | SETTINGS, required=STORE | BACKLOG | HISTORY),
     _entry("lambdas.authorizer.handler", SERVICE_STACK, BOOT | SETTINGS | AGENT_KEYS,
            required=frozenset({"SKYFN_AUTH_ISSUER", "SKYFN_AUTH_AUDIENCE"})),

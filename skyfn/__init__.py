@@ -1,6 +1,6 @@
 """skyfn: federated function-as-a-service for science.
 
-    from skyfn import Client, Executor
+    from skyfn import Client, Executor, TaskRef
 
 The SDK imports nothing above ``skyfn.protocol``; its names load lazily, so importing
 ``skyfn.protocol`` (as workers and service handlers do) does not pull in the SDK's HTTP stack.
@@ -18,6 +18,7 @@ _LAZY = {
     "EndpointNotFound": "skyfn.client",
     "Executor": "skyfn.executor",
     "SkyfnFuture": "skyfn.executor",
+    "TaskRef": "skyfn.dataflow",
     "SkyfnAPIError": "skyfn.http",
     "SkyfnConnectionError": "skyfn.http",
     "TaskNotFound": "skyfn.http",
@@ -27,6 +28,7 @@ _LAZY = {
     "TaskCancelled": "skyfn.protocol.errors",
     "TaskTimedOut": "skyfn.protocol.errors",
     "ResultExpired": "skyfn.protocol.errors",
+    "DependencyFailed": "skyfn.protocol.errors",
     "RemoteExecutionError": "skyfn.protocol.errors",
     "SerializationError": "skyfn.protocol.errors",
     "DeserializationError": "skyfn.protocol.errors",

@@ -14,11 +14,14 @@ from typing import Any, Callable, Iterable, Optional, Union
 from urllib.parse import quote
 
 from skyfn.config import load_config
+from skyfn.dataflow import bind_inputs, rebase_local_inputs
 from skyfn.http import HttpClient, SkyfnAPIError, SkyfnConnectionError, TaskNotFound
 from skyfn.protocol import blobs
 from skyfn.protocol.ids import uuid7_hex
 from skyfn.protocol.limits import MAX_STATUS_IDS, MAX_WAIT_SECONDS  # not .api: no pydantic models to build
+from skyfn.protocol.dataflow import dependency_failure
 from skyfn.protocol.errors import (
+    DependencyFailed,
     ResultExpired,
     SkyfnError,
     TaskCancelled,
@@ -53,9 +56,12 @@ def task_outcome(task_id: str, st: dict) -> tuple[bool, Any]:
 
     FAILED with an ``error`` buffer rebuilds the function's own exception (remote traceback
     attached); CANCELLED / TIMED_OUT / other failures become TaskCancelled / TaskTimedOut /
-    TaskFailed carrying the service's ``reason``. Never raises.
+    TaskFailed carrying the service's ``reason``; a task that never ran because an input
+    did not succeed, DependencyFailed (its ``cause``: the input's exception). Never raises.
     """
     state = st.get("state")
+    if state == "FAILED" and (dependency := dependency_failure(st.get("reason"))):
+        return False, _dependency_failed(task_id, st, *dependency)
     try:
         if state == "SUCCEEDED":
             gone = st.get("result_expired")
@@ -78,10 +84,20 @@ def task_outcome(task_id: str, st: dict) -> tuple[bool, Any]:
     return False, TaskFailed(task_id, str(state), reason or "failed without an error report")
 
 
+def _dependency_failed(task_id: str, st: dict, input_id: str, input_state: str) -> DependencyFailed:
+    cause = None
+    if st.get("error"):
+        try:
+            cause = unwrap_exception(st["error"])
+        except Exception as exc:  # noqa: BLE001 - the input's error we cannot decode: that is the cause we have
+            cause = exc
+    return DependencyFailed(task_id, input_id, input_state, st["reason"], cause=cause)
+
+
 def _task_size(task: dict) -> int:
     p = task["payload"]
     # JSON escapes quotes, backslashes and the header's newline; payloads are ASCII.
-    return len(p) + p.count('"') + p.count("\\") + _TASK_OVERHEAD
+    return len(p) + p.count('"') + p.count("\\") + _TASK_OVERHEAD + 40 * len(task.get("inputs") or ())
 
 
 def split_requests(tasks: list[dict], max_tasks: Optional[int] = None, max_bytes: Optional[int] = None) -> list[list[dict]]:
@@ -143,9 +159,10 @@ class Batch:
         self.user_config = check_user_config(user_config)  # sent with the batch (multi-user endpoints)
 
     def add(self, function_id: FunctionRef, *args: Any, endpoint_id: Optional[str] = None, **kwargs: Any) -> None:
+        """Add a call; futures and TaskRefs among its arguments are inputs (see Client.run)."""
         if not isinstance(function_id, str):
             function_id = self._client._function_id_for(function_id)
-        task = {"function_id": function_id, "payload": pack_args(args, kwargs), **self._options}
+        task = {"function_id": function_id, **_arguments(args, kwargs), **self._options}
         if endpoint_id:
             task["endpoint_id"] = endpoint_id
         elif not self.endpoint_id:
@@ -246,13 +263,20 @@ class Client:
         ``user_config``: your variables for a multi-user endpoint's user config template (a
         JSON object of at most 16 KiB, nested at most 8 deep), sent with the task; ordinary
         endpoints ignore it. (So neither ``memoize`` nor ``user_config`` can be a keyword
-        argument of the function itself: pack those with ``submit_tasks``.)"""
+        argument of the function itself: pack those with ``submit_tasks``.)
+
+        Dataflow: an Executor's future or a ``TaskRef(task_id)`` among the arguments (also
+        inside lists, tuples, dicts and sets) is an input: the task waits at the service
+        until that task SUCCEEDED and runs with its result in that place (DependencyFailed
+        when it did not). A future still being submitted is waited for (its task id); one of
+        a direct session (``Executor(direct=True)``) has no id the service knows: its value
+        is waited for here and passed inline. A task with inputs is never memoized."""
         if not endpoint_id and not group_id:
             raise ValueError("endpoint_id (or group_id) is required (look one up with client.endpoint_id('local'))")
         user_config = check_user_config(user_config)
         if not isinstance(function_id, str):
             function_id = self._function_id_for(function_id)
-        task: dict[str, Any] = {"function_id": function_id, "payload": pack_args(args, kwargs)}
+        task: dict[str, Any] = {"function_id": function_id, **_arguments(args, kwargs)}
         if memoize is not None:
             task["memoize"] = bool(memoize)
         return self.submit_tasks([task], endpoint_id, group_id=group_id, user_config=user_config)[0]
@@ -276,11 +300,14 @@ class Client:
         """POST /tasks for ready-made task dicts (``{"function_id", "payload"[, "endpoint_id"]}``),
         split into requests of at most ~5,000 tasks / ~8 MB, each with its own idempotency
         key that is reused by every retry of that request. ``user_config`` (see :meth:`run`)
-        is sent with every one of those requests."""
+        is sent with every one of those requests. A task's ``inputs`` may name an earlier
+        task of `tasks` as ``"#k"`` (its index in `tasks`), whichever request it lands in;
+        a task with inputs is never memoized (its buffer holds placeholders, not values)."""
         user_config = check_user_config(user_config)
         ids: list[str] = []
-        tasks = [self._offload(t) for t in tasks]  # large arguments go through S3
+        tasks = [self._offload(_no_memo(t) if t.get("inputs") else t) for t in tasks]  # large arguments: S3
         for chunk in split_requests(tasks):
+            chunk = rebase_local_inputs(chunk, len(ids), ids)
             body: dict[str, Any] = {"tasks": chunk, "idempotency_key": uuid7_hex()}
             if endpoint_id:
                 body["endpoint_id"] = endpoint_id
@@ -530,6 +557,20 @@ class Client:
     def task_audit(self, task_id: str) -> dict:
         """Who submitted the task, where it ran, and every state change with its time."""
         return self._http.get(f"/tasks/{quote(task_id, safe='')}/audit")
+
+
+def _arguments(args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The payload of a call made at once, and its inputs (skyfn.dataflow) by task id."""
+    args, kwargs, inputs = bind_inputs(args, kwargs)
+    if not inputs:
+        return {"payload": pack_args(args, kwargs)}
+    return {"payload": pack_args(args, kwargs), "inputs": inputs}
+
+
+def _no_memo(task: dict) -> dict:
+    """A task with inputs, asking for no memoization whatever the submission's or the
+    function's setting: its payload's placeholders would match any other inputs' results."""
+    return task if task.get("memoize") is False else {**task, "memoize": False}
 
 
 def _looks_like_id(text: str) -> bool:

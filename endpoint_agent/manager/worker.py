@@ -20,6 +20,9 @@ final here -- succeeded or failed -- right after its result went to the manager,
 lifetime does not depend on the client that submitted them. A worker that dies mid-task
 evicts nothing: the task, run again elsewhere, still finds its arguments (their TTL ends
 them if it never does).
+
+Dataflow: a task that takes other tasks' results comes with an envelope for payload; its
+inputs' results are put in their places before the call (endpoint_agent/manager/inputs.py).
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ import time
 import zmq
 
 from endpoint_agent import wire
+from endpoint_agent.manager.inputs import fill_inputs, open_payload
 from endpoint_agent.procutil import die_with_parent
 from endpoint_agent.slots import Slots
 from skyfn.data.context import set_task
@@ -135,9 +139,11 @@ def run_task(cache: FunctionCache, function_id: str, payload: str,
         fn = cache.get(function_id)
         if blobs.is_ref(payload):  # a large payload in S3: fetched here, off the agent's loop
             payload = blobs.download(blobs.target(payload))
+        payload, inputs = open_payload(payload)
         args, kwargs = unpack_args(payload)
     except Exception as exc:  # DeserializationError and friends: FAILED, with the fix in the message
         return "FAILED", None, _wrap(exc)
+    # before the inputs are in: refs among their results are theirs to keep, not this task's to evict
     if argument_refs is not None and "skyfn.data.ref" in sys.modules:  # a Ref was unpickled: maybe marked ones
         try:
             from skyfn.data.autoref import task_argument_refs
@@ -145,6 +151,11 @@ def run_task(cache: FunctionCache, function_id: str, payload: str,
             argument_refs.extend(task_argument_refs(args, kwargs))
         except Exception:  # noqa: BLE001 - never fail a task over its clean-up (the refs' TTL ends them)
             pass
+    if inputs is not None:
+        try:
+            args, kwargs = fill_inputs(args, kwargs, inputs)
+        except Exception as exc:  # InputError: names the input's task
+            return "FAILED", None, _wrap(exc)
     try:
         value = fn(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001 - user code may raise anything, SystemExit included

@@ -5,9 +5,14 @@
 // API's stage and the WebSocket API's own host. Data is only ever inserted as text (never
 // as HTML).
 "use strict";
-const STAGES = [["service", "CREATED", "QUEUED"], ["queue", "QUEUED", "DISPATCHED"],
+// stages as skyfn/report/analysis.py reads them; RELEASED is the first QUEUED after WAITING
+// (a task with inputs, once they all succeeded), and the wait is taken out of "service"
+const STAGES = [["service", "CREATED", "QUEUED"], ["waiting", "WAITING", "RELEASED"], ["queue", "QUEUED", "DISPATCHED"],
   ["dispatch", "DISPATCHED", "RUNNING"], ["run", "RUNNING", "DONE"], ["return", "DONE", "STORED"]];
+const STATES = ["CREATED", "WAITING", "QUEUED", "DISPATCHED", "RUNNING", "SUCCEEDED", "FAILED", "TIMED_OUT",
+  "CANCELLED"];  // skyfn.protocol.states.TaskState, in lifecycle order
 const FINAL = new Set(["SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED"]);
+const FIRST = new Set(["CREATED", "WAITING", ...FINAL]);  // the first of these counts; of the others, the last
 const $ = (id) => document.getElementById(id);
 const ui = { token: null, ws: null, pushes: 0, tasks: new Map(), refreshTimer: null, pollTimer: null,
   since: Date.now() / 1000 - 3600, endpoints: new Map(), apiBase: null, wsUrl: null };
@@ -48,11 +53,36 @@ function ms(v) { return v === null || v === undefined ? "" : v.toFixed(1); }
 function stamps(events) {
   const out = {};
   for (const [state, ts] of events || []) {
-    if ((state === "CREATED" || FINAL.has(state)) && state in out) continue;
+    if (FIRST.has(state) && state in out) continue;
+    if (state === "QUEUED" && "WAITING" in out && !("RELEASED" in out)) out.RELEASED = ts;
     out[state] = ts;
   }
   for (const f of FINAL) if (f in out) { out.FINAL = out[f]; if (!("STORED" in out)) out.STORED = out[f]; }
   return out;
+}
+
+function stageMs(st) {  // stage name -> ms, for the stages the task went through
+  const out = {};
+  for (const [name, a, b] of STAGES) if (a in st && b in st && st[b] >= st[a]) out[name] = (st[b] - st[a]) * 1000;
+  if ("waiting" in out && "service" in out) out.service = Math.max(0, out.service - out.waiting);
+  return out;
+}
+
+function renderStateCounts() {
+  const counts = new Map();
+  for (const t of ui.tasks.values()) counts.set(t.state, (counts.get(t.state) || 0) + 1);
+  const known = STATES.filter((s) => counts.has(s));
+  const others = [...counts.keys()].filter((s) => !STATES.includes(s)).sort();
+  const line = $("state-counts");
+  line.replaceChildren();
+  for (const s of [...known, ...others]) {
+    const span = document.createElement("span");
+    span.className = "count state-" + s;
+    span.dataset.state = s;
+    span.dataset.count = String(counts.get(s));
+    span.textContent = s + " " + counts.get(s);
+    line.appendChild(span);
+  }
 }
 
 function renderEndpoints(list) {
@@ -89,11 +119,13 @@ function renderTasks() {
     cell(tr, ui.endpoints.get(t.endpoint_id) || t.endpoint_id || "");
     cell(tr, t.state, "state-" + t.state);
     cell(tr, new Date(t.created * 1000).toLocaleTimeString());
-    for (const [, a, b] of STAGES) cell(tr, a in st && b in st ? ms((st[b] - st[a]) * 1000) : "");
+    const stage = stageMs(st);
+    for (const [name] of STAGES) cell(tr, ms(stage[name]), name === "waiting" ? "stage-waiting" : "");
     cell(tr, "FINAL" in st ? ms((st.FINAL - st.CREATED) * 1000) : "");
     body.appendChild(tr);
   }
   $("task-count").textContent = "(" + ui.tasks.size + ")";
+  renderStateCounts();
   document.body.dataset.pushes = String(ui.pushes);
 }
 
@@ -167,6 +199,7 @@ function signOut(reason) {
   ui.tasks.clear();
   $("endpoints").tBodies[0].replaceChildren();
   $("tasks").tBodies[0].replaceChildren();
+  $("state-counts").replaceChildren();
   $("dashboard").hidden = true;
   $("signout").hidden = true;
   $("signin").hidden = false;

@@ -9,7 +9,10 @@ One module per role, as Dask's ``distributed.comm`` keeps one per transport:
 - ``channel``: the small interface (``ChannelPort``) the core hands each channel: the channels
   touch nothing else of the Executor;
 - ``state``: the state the core shares with its channels under one lock, and how a future
-  resolves exactly once; ``progress``: the progress bar.
+  resolves exactly once; ``progress``: the progress bar;
+- ``future``: the Executor's future; ``inputs``: calls whose arguments hold futures
+  (dataflow: naming their inputs, waiting for by-value ones); ``refs``: which store large
+  arguments go to as refs.
 
     from skyfn.executor import Executor
 """

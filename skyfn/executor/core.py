@@ -41,12 +41,15 @@ import sys
 import threading
 import time
 from concurrent.futures import Executor as _BaseExecutor
-from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FuturesTimeoutError
 from typing import Any, Callable, Iterable, Iterator, Optional, TextIO, Union
 
 from skyfn.client import Client, check_user_config, split_requests, task_options
+from skyfn.dataflow import announce, find_inputs
 from skyfn.executor.channel import ChannelPort
+from skyfn.executor.future import SkyfnFuture
+from skyfn.executor.inputs import Deferred, name_inputs
+from skyfn.executor.refs import argument_refs
 from skyfn.executor.progress import ProgressBar
 from skyfn.executor.state import State, set_exception
 from skyfn.http import SkyfnAPIError
@@ -64,53 +67,6 @@ _IDLE_EXIT = 10.0
 _BUSY_WAIT = 0.05
 
 
-def _argument_refs(client: Client, data_store: Any, endpoint_name: Optional[str], threshold: int,
-                   evict_refs: bool, ttl: Optional[float] = None):
-    """The Executor's ArgumentRefs (skyfn.data.autoref), or None when arguments stay inline."""
-    if data_store is None or data_store is False:
-        return None
-    from skyfn.data import context
-    from skyfn.data.autoref import ArgumentRefs, local_endpoint_store
-    from skyfn.data.store import get_store
-
-    if isinstance(data_store, str) and data_store == "auto":
-        store = local_endpoint_store(endpoint_name) if endpoint_name else None
-    elif isinstance(data_store, str):
-        store = get_store(data_store)
-        if store is None:
-            raise ValueError(f"data_store {data_store!r} is not a store known in this process: create it with "
-                             "skyfn.data.Store(name, connector, secret=...) first, or pass the Store itself")
-    else:
-        store = data_store
-    if store is None:
-        return None
-
-    context.set_user_provider(client.whoami)  # result refs resolve in this process as this user
-    return ArgumentRefs(store, lambda: context.current_user() or client.whoami(), threshold, evict_refs, ttl)
-
-
-class SkyfnFuture(Future):
-    """A Future for one skyfn task; ``task_id`` is set once the task is submitted.
-    ``cancel()`` on a pending future also cancels the remote task."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.task_id: Optional[str] = None
-        self._executor: Optional["Executor"] = None
-        self.data_locations: Optional[dict[str, int]] = None  # endpoint id -> bytes of its refs there
-
-    def cancel(self) -> bool:
-        if not super().cancel():
-            return False
-        ex, tid = self._executor, self.task_id
-        if ex is not None and tid is not None:
-            ex._request_cancel(tid)
-        return True
-
-    def __repr__(self) -> str:
-        return super().__repr__()[:-1] + f" task_id={self.task_id}>"
-
-
 class Executor(_BaseExecutor):
     """Run Python functions on a skyfn endpoint with the ``concurrent.futures`` API.
 
@@ -124,6 +80,14 @@ class Executor(_BaseExecutor):
     with your identity to the endpoint; ordinary endpoints ignore it. The direct-session
     path (``direct=True``) does not carry it: a multi-user endpoint takes tasks through the
     service, so pass ``direct=False`` (the default) to one.
+
+    Dataflow: a future (of this Executor or another) or a ``skyfn.TaskRef`` among the
+    arguments of ``submit``/``map`` -- also inside lists, tuples, dicts and sets -- stands
+    for that task's result: the call is submitted at once and waits at the service until
+    its inputs SUCCEEDED (``DependencyFailed`` when one did not), with no client in the
+    loop. Such calls go through the service even with ``direct=True``; the future of a task
+    that went through the direct session has no id the service knows, so a call taking it
+    waits here for its value and passes it inline (skyfn/executor/inputs.py).
     """
 
     def __init__(
@@ -176,7 +140,7 @@ class Executor(_BaseExecutor):
         # and by this Executor -- and expire arg_ref_ttl seconds after they were put whatever
         # happens to this process (None: SKYFN_ARG_REF_TTL, else 24 h; skyfn/data/autoref.py);
         # evict_refs: the user's refs are evicted here too, once their tasks finish.
-        self._arg_refs = _argument_refs(self.client, data_store, endpoint if not (endpoint_id or group) else None,
+        self._arg_refs = argument_refs(self.client, data_store, endpoint if not (endpoint_id or group) else None,
                                         ref_threshold, evict_refs, arg_ref_ttl)
 
         # shared with the channels, under one lock (skyfn/executor/state.py)
@@ -186,6 +150,7 @@ class Executor(_BaseExecutor):
         self._poll_offset = 0
         self._fn_lock = threading.Lock()
         self._fn_ids: dict[Any, str] = {}
+        self._deferred = Deferred(st, self, self._pack, lambda items: self._enqueue(items, flush=True, via_service=True))
         self._bar = ProgressBar(progress, st, lambda: self._direct)
         # results push (skyfn/executor/push.py); the wake-up pipe interrupts its select
         self._wake_r, self._wake_w = (-1, -1)
@@ -234,8 +199,17 @@ class Executor(_BaseExecutor):
         """Schedule ``fn(*args, **kwargs)`` on the endpoint; ``fn`` may also be a function id."""
         fid = self._function_id(fn)
         fut = SkyfnFuture()
-        self._enqueue([(fut, fid, self._pack(fut, args, kwargs))], flush=False)
+        item = self._item(fut, fid, args, kwargs)
+        if item is not None:
+            self._enqueue([item], flush=False)
         return fut
+
+    def _item(self, fut: SkyfnFuture, fid: str, args: tuple, kwargs: dict) -> Optional[tuple]:
+        """The queue item of a call; None when it waits for by-value inputs (skyfn/executor/inputs.py)."""
+        args, kwargs, found = find_inputs(args, kwargs)
+        if found:
+            return self._deferred.item(fut, fid, args, kwargs, found)
+        return fut, fid, self._pack(fut, args, kwargs)
 
     def _pack(self, fut: SkyfnFuture, args: tuple, kwargs: dict) -> str:
         refs = self._arg_refs
@@ -262,7 +236,9 @@ class Executor(_BaseExecutor):
         pending: list[tuple[SkyfnFuture, str, str]] = []
         for args in zip(*iterables):
             fut = SkyfnFuture()
-            pending.append((fut, fid, self._pack(fut, args, {})))
+            item = self._item(fut, fid, args, {})
+            if item is not None:
+                pending.append(item)
             fs.append(fut)
             if len(pending) >= self.batch_size:
                 self._enqueue(pending, flush=True)
@@ -304,10 +280,12 @@ class Executor(_BaseExecutor):
                 st.n_submitted -= len(queued)
                 for fut, _, _ in queued:
                     fut.cancel()
-                for fut in st.inflight + list(st.outstanding.values()):
+                for fut in st.inflight + list(st.outstanding.values()) + list(st.deferred):
                     fut.cancel()  # submitted: -> _request_cancel; in flight: seen by _send_batch
             self._cv.notify_all()
             self._wake()
+            while wait and st.deferring():  # queued once their inputs are done
+                self._cv.wait(0.1)
             thread = self._thread
         if wait:
             if thread is not None:
@@ -325,7 +303,7 @@ class Executor(_BaseExecutor):
         """Tasks submitted by this executor whose results have not arrived yet."""
         st = self._state
         with self._cv:
-            n = len(st.queue) + len(st.inflight) + len(st.outstanding)
+            n = len(st.queue) + len(st.inflight) + len(st.outstanding) + len(st.deferred)
         return n + (self._direct.pending() if self._direct is not None else 0)
 
     @property
@@ -357,14 +335,25 @@ class Executor(_BaseExecutor):
                 raise RuntimeError("cannot schedule new futures after shutdown")
             for item in items:
                 item[0]._executor = self
+            if st.deferred:
+                st.deferred.difference_update(item[0] for item in items)
             if direct is not None and not via_service and direct.usable:
-                st.n_submitted += len(items)
-                direct.submit(items)
-                if direct.ident is None:
-                    direct.start()
-                return
+                plain = [item for item in items if not item[0].inputs]  # with inputs: the service holds them
+                for item in plain:
+                    item[0].by_value = True  # its id will not be the service's
+                if plain:
+                    st.n_submitted += len(plain)
+                    direct.submit(plain)
+                    if direct.ident is None:
+                        direct.start()
+                items = [item for item in items if item[0].inputs] if len(plain) < len(items) else []
+                if not items:
+                    return
             if via_service:
                 st.n_submitted -= len(items)  # counted again below
+                for item in items:  # the service gives it its id now
+                    item[0].by_value = False
+                    item[0].task_id = None
             now = time.monotonic()
             if not st.queue:
                 st.first_enqueued = now
@@ -440,7 +429,7 @@ class Executor(_BaseExecutor):
                             break  # wait on the push socket (it closes itself when idle)
                         if self._direct is None:
                             self._bar.update(idle=True)
-                        if st.shutdown:
+                        if st.shutdown and not st.deferring():
                             return
                         if not self._cv.wait(_IDLE_EXIT) and not (st.queue or st.outstanding or st.to_cancel):
                             self._thread = None  # idle: end; the next submit starts a new thread
@@ -479,34 +468,50 @@ class Executor(_BaseExecutor):
             return
         opts = self._task_options
         tasks = [{"function_id": fid, "payload": payload, **opts} for _, fid, payload in live]
+        flow = False
         for task, (fut, _, _) in zip(tasks, live):
             if fut.data_locations:
                 task["data_locations"] = fut.data_locations
+            if fut.inputs:  # named per request below; here for the request's size
+                task["inputs"] = fut.inputs
+                flow = True
         start = 0
         for chunk in split_requests(tasks, max_tasks=self.batch_size):
             items = live[start : start + len(chunk)]
             start += len(chunk)
-            try:
-                ids = self.client.submit_tasks(chunk, self.endpoint_id, group_id=self.group_id, memoize=self.memoize,
-                                               user_config=self.user_config)
-            except Exception as exc:  # already retried with the same idempotency key
-                with self._cv:
-                    st.inflight = st.inflight[len(items):]
-                    st.n_submitted -= len(items)
-                for fut, _, _ in items:
-                    set_exception(fut, exc)
-                continue
-            cancelled = []
+            if flow:  # after the earlier requests' answers: their tasks have ids now
+                name_inputs(items, chunk, self._send_request)
+            else:
+                self._send_request(items, chunk, len(items))
+
+    def _send_request(self, items: list[tuple], tasks: list[dict], taken: int) -> None:
+        """POST /tasks for `tasks` (of `items`); `taken`: how many in-flight items this
+        accounts for, those left out because an input could not be named included."""
+        st = self._state
+        try:
+            ids = self.client.submit_tasks(tasks, self.endpoint_id, group_id=self.group_id, memoize=self.memoize,
+                                           user_config=self.user_config) if tasks else []
+        except Exception as exc:  # already retried with the same idempotency key
             with self._cv:
-                st.inflight = st.inflight[len(items):]
-                outstanding = st.outstanding
-                for (fut, _, _), tid in zip(items, ids):
-                    fut.task_id = tid
-                    if fut.cancelled():
-                        cancelled.append(tid)
-                    outstanding[tid] = fut
-                if cancelled:
-                    st.to_cancel.update(cancelled)
+                st.inflight = st.inflight[taken:]
+                st.n_submitted -= taken
+            for fut, _, _ in items:
+                set_exception(fut, exc)
+            announce()  # calls of other executors may wait for these
+            return
+        cancelled = []
+        with self._cv:
+            st.inflight = st.inflight[taken:]
+            st.n_submitted -= taken - len(items)
+            outstanding = st.outstanding
+            for (fut, _, _), tid in zip(items, ids):
+                fut.task_id = tid
+                if fut.cancelled():
+                    cancelled.append(tid)
+                outstanding[tid] = fut
+            if cancelled:
+                st.to_cancel.update(cancelled)
+        announce()  # calls of other executors may wait for these ids
 
     def _send_cancels(self, task_ids: list[str]) -> None:
         for tid in task_ids:
@@ -570,10 +575,11 @@ class Executor(_BaseExecutor):
     def _fail_everything(self, exc: BaseException) -> None:
         st = self._state
         with self._cv:
-            futs = [item[0] for item in st.queue] + st.inflight + list(st.outstanding.values())
+            futs = [item[0] for item in st.queue] + st.inflight + list(st.outstanding.values()) + list(st.deferred)
             st.queue.clear()
             st.inflight = []
             st.outstanding.clear()
+            st.deferred.clear()
             st.broken = exc
         err = exc if isinstance(exc, Exception) else RuntimeError(f"skyfn executor stopped: {exc!r}")
         for fut in futs:

@@ -33,6 +33,7 @@ class State:
         self.outstanding: dict[str, Future] = {}  # task_id -> future
         self.inflight: list[Future] = []  # taken from the queue, POST /tasks not answered yet
         self.to_cancel: set[str] = set()
+        self.deferred: set[Future] = set()  # calls waiting for by-value inputs (skyfn/executor/inputs.py)
         self.shutdown = False
         self.n_submitted = 0
         self.broken: Optional[BaseException] = None
@@ -40,6 +41,10 @@ class State:
         self.selecting = False
         # the position in the service's stream of finished tasks (POST /tasks/status, pushes)
         self.cursor: Optional[str] = None
+
+    def deferring(self) -> bool:
+        """Whether calls still wait for by-value inputs (cancelled ones do not count)."""
+        return any(not fut.done() for fut in self.deferred)
 
     def pop_answer(self, answer: dict) -> tuple[list, list]:
         """Pop the futures a POST /tasks/status answer settles: (done, lost), to ``resolve``."""

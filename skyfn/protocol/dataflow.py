@@ -84,19 +84,22 @@ def open_envelope(payload: str) -> dict[str, Any]:
 
 def substitute(obj: Any, value_of: Callable[[int], Any]) -> Any:
     """`obj` with every Input(i) replaced by value_of(i), inside lists, tuples (named ones
-    too), dicts (values) and sets; other objects are returned as they are."""
-    if isinstance(obj, Input):
+    too), dicts (values) and sets; other objects are returned as they are. Only type(obj)
+    is asked, never isinstance: a proxy (a skyfn.data Ref) answers isinstance by resolving
+    itself, which would fetch its object whether the function uses it or not."""
+    t = type(obj)
+    if t is Input:
         return value_of(obj.index)
-    if isinstance(obj, list):
+    if issubclass(t, list):
         return [substitute(x, value_of) for x in obj]
-    if isinstance(obj, tuple):
+    if issubclass(t, tuple):
         items = [substitute(x, value_of) for x in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
-    if isinstance(obj, dict):
+        return t(*items) if hasattr(t, "_fields") else tuple(items)
+    if issubclass(t, dict):
         out = {k: substitute(v, value_of) for k, v in obj.items()}
-        return out if type(obj) is dict else _rebuild(obj, out)
-    if isinstance(obj, (set, frozenset)):
-        return type(obj)(substitute(x, value_of) for x in obj)
+        return out if t is dict else _rebuild(obj, out)
+    if issubclass(t, (set, frozenset)):
+        return t(substitute(x, value_of) for x in obj)
     return obj
 
 

@@ -120,6 +120,11 @@ def stage_latencies(events: list[tuple[str, float]]) -> dict[str, float]:
         s, e = last.get(str(start)), last.get(str(end))
         if s is not None and e is not None:
             out[name] = max(0.0, e - s)
+    waited = last.get(str(TaskState.WAITING))
+    if waited is not None:  # waiting ends at the release, the first QUEUED after it (a requeue is not waiting)
+        released = next((ts for state, ts in events if str(state) == TaskState.QUEUED.value and ts >= waited), None)
+        if released is not None:
+            out["waiting"] = max(0.0, released - waited)
     if "waiting" in out and "service" in out:  # the service's own time is what waiting leaves of it
         out["service"] = max(0.0, out["service"] - out["waiting"])
     return out

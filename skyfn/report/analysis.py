@@ -2,14 +2,17 @@
 
 Per task, from its events (the last DISPATCHED/RUNNING/DONE of a retried task):
 
-  service  = QUEUED - CREATED        (the API stored and queued it)
+  service  = QUEUED - CREATED        (the API stored and queued it), less any waiting
+  waiting  = RELEASED - WAITING      (a task with inputs waiting for them to succeed;
+                                      RELEASED: the first QUEUED after WAITING)
   queue    = DISPATCHED - QUEUED     (waiting in the endpoint's queue)
   dispatch = RUNNING - DISPATCHED    (agent -> interchange -> manager -> worker)
   run      = DONE - RUNNING          (the function itself)
   return   = STORED - DONE           (result back through the results path)
 
 Over the window (first CREATED .. last final event), in bins: completions per second,
-the time-averaged number of tasks in flight (CREATED..final) and running (RUNNING..DONE),
+the time-averaged number of tasks in flight (CREATED..final), running (RUNNING..DONE) and
+waiting for their inputs (WAITING..RELEASED, or final when never released),
 worker utilization (running / workers of the endpoints in the report, or the observed
 peak when they do not say), and each endpoint's backlog (QUEUED..DISPATCHED).
 
@@ -24,20 +27,24 @@ from typing import Any, Iterable, Optional
 
 import numpy as np
 
-STAGES = ("service", "queue", "dispatch", "run", "return")
+STAGES = ("service", "waiting", "queue", "dispatch", "run", "return")
 FINAL = ("SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED")
-_BOUNDS = {"service": ("CREATED", "QUEUED"), "queue": ("QUEUED", "DISPATCHED"),
+_FIRST = ("CREATED", "WAITING") + FINAL  # the first of these counts; of the others, the last
+_BOUNDS = {"service": ("CREATED", "QUEUED"), "waiting": ("WAITING", "RELEASED"), "queue": ("QUEUED", "DISPATCHED"),
            "dispatch": ("DISPATCHED", "RUNNING"), "run": ("RUNNING", "DONE"), "return": ("DONE", "STORED")}
 NAN = float("nan")
 
 
 def stamps(events: Iterable) -> dict[str, float]:
-    """state -> time: the first CREATED and final state, the last of the others."""
+    """state -> time: the first CREATED, WAITING and final state, the last of the others;
+    RELEASED: the first QUEUED after WAITING (its inputs all succeeded)."""
     out: dict[str, float] = {}
     for state, ts in events:
         ts = float(ts)
-        if state in ("CREATED",) + FINAL and state in out:
+        if state in _FIRST and state in out:
             continue
+        if state == "QUEUED" and "WAITING" in out:
+            out.setdefault("RELEASED", ts)
         out[state] = ts
     for final in FINAL:
         if final in out:
@@ -86,6 +93,11 @@ def analyse(tasks: list[dict[str, Any]], endpoints: list[dict[str, Any]], since:
 
     stage = {s: np.array([st[b] - st[a] if a in st and b in st and st[b] >= st[a] else NAN
                           for _, st in rows]) for s, (a, b) in _BOUNDS.items()}
+    waited = ~np.isnan(stage["waiting"])  # the service's own time is what waiting leaves of it
+    stage["service"][waited] = np.maximum(0.0, stage["service"][waited] - stage["waiting"][waited])
+    waiting_a = np.array([st.get("WAITING", NAN) for _, st in rows])
+    waiting_b = np.array([st.get("RELEASED", st.get("FINAL", t1)) for _, st in rows])
+    waits = ~np.isnan(waiting_a)
     running_a = np.array([st.get("RUNNING", NAN) for _, st in rows])
     running_b = np.array([st.get("DONE", st.get("FINAL", NAN)) for _, st in rows])
     ran = ~np.isnan(running_a) & ~np.isnan(running_b)
@@ -93,6 +105,7 @@ def analyse(tasks: list[dict[str, Any]], endpoints: list[dict[str, Any]], since:
     completions = np.histogram(ends, bins=edges)[0] / width if ends.size else np.zeros(bins)
     in_flight = _integral(created, open_end, edges)
     running = _integral(running_a[ran], running_b[ran], edges)
+    waiting = _integral(waiting_a[waits], np.maximum(waiting_a[waits], waiting_b[waits]), edges)
     workers = sum(int((e.get("metadata") or {}).get("workers") or 0) for e in endpoints
                   if any(t.get("endpoint_id") == e.get("endpoint_id") for t, _ in rows[:1000]))
     peak_running = float(running.max()) if running.size else 0.0
@@ -114,6 +127,7 @@ def analyse(tasks: list[dict[str, Any]], endpoints: list[dict[str, Any]], since:
     summary["utilization"] = {"workers": capacity, "workers_from": "endpoints" if workers else "observed peak",
                               "mean": float(running.mean() / capacity), "peak": float(running.max() / capacity)}
     summary["stages_ms"] = {s: _stats(v * 1000.0) for s, v in stage.items()}
+    summary["waiting"] = {"tasks": int(waits.sum()), "peak": float(waiting.max()) if waiting.size else 0.0}
     backlog = {}
     by_endpoint: dict[str, list[int]] = {}
     for i, (t, _) in enumerate(rows):
@@ -131,6 +145,7 @@ def analyse(tasks: list[dict[str, Any]], endpoints: list[dict[str, Any]], since:
             "peak_backlog": float(backlog[label].max()) if backlog[label].size else 0.0}
     centers = (edges[:-1] + edges[1:]) / 2 - t0
     series = {"t": centers, "completions_per_s": completions, "in_flight": in_flight, "running": running,
+              "waiting": waiting,
               "utilization": running / capacity, "backlog": backlog,
               "stage_values_ms": {s: np.sort(v[~np.isnan(v)] * 1000.0) for s, v in stage.items()}}
     return summary, series

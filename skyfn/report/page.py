@@ -33,6 +33,10 @@ def text(summary: dict[str, Any]) -> str:
                      f"lambda*W = {_fmt(ll['lambda_W'])}, ratio {_fmt(ll['ratio'])}")
         lines.append(f"worker utilization mean {ut['mean'] * 100:.0f}%, peak {ut['peak'] * 100:.0f}% "
                      f"of {ut['workers']:.0f} workers ({ut['workers_from']})")
+        wt = summary.get("waiting") or {}
+        if wt.get("tasks"):
+            lines.append(f"{wt['tasks']} tasks waited for their inputs (stage 'waiting', not counted in 'service'); "
+                         f"peak {wt['peak']:.1f} waiting at once (bin average)")
         lines.append("stage (ms)   " + "  ".join(f"{s:>9}" for s in ("p50", "p95", "mean")))
         for st in STAGES:
             v = summary["stages_ms"][st]

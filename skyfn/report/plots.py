@@ -1,7 +1,7 @@
 """The report's figures (matplotlib, Agg backend, imported only here): throughput, tasks in
-flight with worker utilization, latency per stage as stacked bars and as CDFs, and the
-backlog per endpoint. `render` returns name -> PNG path (when written to a directory) or
-PNG bytes."""
+flight (and waiting for inputs, when any did) with worker utilization, latency per stage
+(the waiting stage among them) as stacked bars and as CDFs, and the backlog per endpoint.
+`render` returns name -> PNG path (when written to a directory) or PNG bytes."""
 from __future__ import annotations
 
 import io
@@ -10,7 +10,8 @@ from typing import Any, Optional
 
 from skyfn.report.analysis import STAGES
 
-COLORS = {"service": "#4c72b0", "queue": "#dd8452", "dispatch": "#55a868", "run": "#c44e52", "return": "#8172b3"}
+COLORS = {"service": "#4c72b0", "waiting": "#937860", "queue": "#dd8452", "dispatch": "#55a868", "run": "#c44e52",
+          "return": "#8172b3"}
 FIGURES = ("throughput", "in_flight", "stages", "stages_cdf", "backlog")
 
 
@@ -55,6 +56,8 @@ def _in_flight(plt, summary, s):
     fig, ax = plt.subplots(figsize=(7.5, 3.2))
     ax.plot(s["t"], s["in_flight"], label="in flight (created, not final)", color="#dd8452")
     ax.plot(s["t"], s["running"], label="running", color="#55a868")
+    if summary.get("waiting", {}).get("tasks"):
+        ax.plot(s["t"], s["waiting"], label="waiting for inputs", color=COLORS["waiting"])
     ax.set(xlabel="seconds since the first task", ylabel="tasks (time average)")
     ax2 = ax.twinx()
     ax2.plot(s["t"], s["utilization"] * 100, color="#c44e52", ls="--", label="worker utilization")
@@ -81,7 +84,7 @@ def _stages(plt, summary, s):
         ax.bar(labels, heights, bottom=bottom, label=st, color=COLORS[st])
         bottom = [b + h for b, h in zip(bottom, heights)]
     ax.set(ylabel="mean latency (ms)", title="Latency per stage (mean, stacked)")
-    ax.legend(fontsize=8, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.12))
+    ax.legend(fontsize=8, ncol=len(STAGES), loc="upper center", bbox_to_anchor=(0.5, -0.12))
     ax.grid(axis="y", alpha=0.3)
     return fig
 

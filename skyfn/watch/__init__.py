@@ -60,6 +60,8 @@ def watch(client, ids: list[str], since: Optional[str] = None, endpoint: Optiona
             print(f"watching {tally.total} task{'s' if tally.total != 1 else ''} on {endpoints} "
                   f"endpoint{'s' if endpoints != 1 else ''} ({_how(feed, interval)})", file=out, flush=True)
             _plain(tally, feed, out)
+        if feed is not None:
+            feed.settle()  # e.g. how long the last ones waited for their inputs, for the summary
     except KeyboardInterrupt:
         interrupted = True
     finally:

@@ -10,6 +10,8 @@ to a Tally, without hammering the API.
 - Either way, a full read of the tasks not final yet every few seconds (more for large
   batches): QUEUED -> DISPATCHED -> RUNNING is not pushed, and the cursor tells only of
   completions.
+- The events of a task seen leaving WAITING by a read without them (a full read, a pushed
+  completion) are read once, to know how long it waited for its inputs (``settle`` at the end).
 
 Watching consumes nothing: every status read peeks without results and the push
 subscription is a peek one, so the results stay for whoever collects them (the service
@@ -24,7 +26,7 @@ import time
 from typing import Any, Optional
 
 from skyfn.protocol.limits import MAX_STATUS_IDS, MAX_WAIT_SECONDS
-from skyfn.watch.tally import FINAL, Tally
+from skyfn.watch.tally import FINAL, Tally, wait_span
 
 log = logging.getLogger("skyfn.watch")
 
@@ -65,7 +67,8 @@ def finished_at(status: dict[str, Any]) -> Optional[float]:
 
 
 def apply(tally: Tally, statuses: dict[str, dict[str, Any]], observed: Optional[float]) -> int:
-    """Apply status dicts; a final state without events counts as reached at `observed`."""
+    """Apply status dicts; a final state without events counts as reached at `observed`.
+    Events also tell how long a task with inputs waited for them (WAITING -> QUEUED)."""
     changed = 0
     for tid, st in statuses.items():
         state = st.get("state")
@@ -74,6 +77,9 @@ def apply(tally: Tally, statuses: dict[str, dict[str, Any]], observed: Optional[
         at = finished_at(st) if state in FINAL else None
         changed += tally.update(tid, state, failure_reason(st) if state in FINAL else None,
                                 at if at is not None else observed)
+        span = wait_span(st.get("events"))
+        if span is not None:
+            tally.note_wait(tid, *span)
     return changed
 
 
@@ -122,6 +128,7 @@ class Feed:
     # -- waiting ----------------------------------------------------------------------------
     def wait(self, timeout: float) -> None:
         deadline = time.monotonic() + max(0.0, timeout)
+        self._fetch.update(self.tally.take_unreleased())
         if not self.tally.outstanding():
             return
         if time.monotonic() >= self._next_full:
@@ -169,7 +176,19 @@ class Feed:
             self.cursor, missed = follow(self.cursor, str(msg.get("prev")), str(msg.get("cursor")))
             self._catch_up = self._catch_up or missed
 
+    def settle(self) -> None:
+        """Read what is still to be read once every task is final (the events that tell when a
+        task's wait for inputs ended)."""
+        self._fetch.update(self.tally.take_unreleased())
+        if self._fetch:
+            fetch, self._fetch = list(self._fetch), set()
+            self._status(fetch, every=False)
+
     def _wait_poll(self, deadline: float) -> None:
+        if self._fetch and time.monotonic() >= self._next_call:
+            fetch, self._fetch = list(self._fetch), set()
+            self._status(fetch, every=False)
+            return
         pause = min(self._next_call, deadline) - time.monotonic()
         if pause > 0:
             time.sleep(pause)

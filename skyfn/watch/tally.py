@@ -1,5 +1,7 @@
 """The arithmetic of `skyfn task watch`: the state of each watched task, counts per state
-and per endpoint, throughput over a sliding window, the ETA and the last failures.
+and per endpoint, throughput over a sliding window, the ETA, the last failures, and the time
+tasks with inputs spent WAITING for them (their "waiting" stage: WAITING -> the QUEUED that
+released them, read from their events; skyfn.protocol.dataflow).
 
 Pure: no I/O. Times are epoch seconds given by the caller (the service's event timestamps
 when known), so it is tested without a service or a clock. Thread-safe: the live display
@@ -18,11 +20,25 @@ from skyfn.protocol.states import FINAL_STATES, TaskState
 STATES = tuple(s.value for s in TaskState)
 FINAL = frozenset(s.value for s in FINAL_STATES)
 BAD = FINAL - {TaskState.SUCCEEDED.value}  # FAILED, TIMED_OUT, CANCELLED: the watch exits 1
+WAITING = TaskState.WAITING.value  # for its inputs
 
 # Exit codes of the watch: all succeeded, some did not, (--once) some are not final yet.
 EXIT_OK, EXIT_FAILED, EXIT_RUNNING = 0, 1, 3
 
 MIN_SPAN = 1.0  # seconds: a rate over less time than this is noise
+
+
+def wait_span(events: Iterable) -> Optional[tuple[float, Optional[float]]]:
+    """(WAITING, the first QUEUED after it) from a task's events: None for a task that never
+    waited for inputs, end None while it still waits (or if it ended without being released)."""
+    start = end = None
+    for state, ts in events or ():
+        if state == WAITING and start is None:
+            start = float(ts)
+        elif state == TaskState.QUEUED.value and start is not None:
+            end = float(ts)
+            break
+    return None if start is None else (start, end)
 
 
 @dataclass(frozen=True)
@@ -52,6 +68,8 @@ class Tally:
         self.window = window
         self.failures: deque[Failure] = deque(maxlen=keep)
         self._finished_at: list[float] = []  # sorted
+        self.waits: dict[str, tuple[float, Optional[float]]] = {}  # task -> (WAITING, released or None)
+        self._unreleased: set[str] = set()  # seen past WAITING, but not when (read without events)
 
     @property
     def total(self) -> int:
@@ -76,11 +94,29 @@ class Tally:
             self.counts[state] += 1
             per[state] += 1
             self.state[task_id] = state
+            wait = self.waits.get(task_id)
+            if wait is not None and wait[1] is None and state != WAITING:
+                self._unreleased.add(task_id)
             if state in FINAL and finished_at is not None:
                 bisect.insort(self._finished_at, finished_at)
             if state in BAD:
                 self.failures.append(Failure(task_id, state, label, reason or state.lower().replace("_", " ")))
             return True
+
+    def note_wait(self, task_id: str, start: float, end: Optional[float]) -> None:
+        """What a task's events (read with its state) say of its wait for inputs
+        (``wait_span``); a known end is kept."""
+        with self._lock:
+            if task_id in self.state and (end is not None or self.waits.get(task_id, (0, None))[1] is None):
+                self.waits[task_id] = (start, end)
+            self._unreleased.discard(task_id)  # its events are read: nothing more to ask
+
+    def take_unreleased(self) -> list[str]:
+        """Tasks seen leaving WAITING by a read without events (so not when): whose events
+        to read once. A task that never was released (its input failed) is asked once."""
+        with self._lock:
+            out, self._unreleased = sorted(self._unreleased), set()
+            return out
 
     def outstanding(self) -> list[str]:
         """Watched tasks not final yet (in the order they were given)."""
@@ -137,8 +173,23 @@ class Tally:
                 "eta_seconds": None if eta is None else round(eta, 1),
                 "elapsed_seconds": round(max(0.0, now - self.origin), 1),
                 "failures": [asdict(f) for f in self.failures],
+                "waits": self._waits(now),
                 "done": finished == self.total,
             }
+
+    def _waits(self, now: float) -> dict[str, Any]:
+        """The waiting stage over the tasks whose wait is known: those released (WAITING ->
+        QUEUED) and, so far, those still WAITING. A task seen past WAITING without the events
+        telling when is left out until they do."""
+        spans = []
+        for tid, (start, end) in self.waits.items():
+            if end is not None:
+                spans.append(end - start)
+            elif self.state[tid] == WAITING:
+                spans.append(now - start)
+        spans = [max(0.0, s) for s in spans]
+        return {"tasks": len(spans), "mean_seconds": round(sum(spans) / len(spans), 3) if spans else None,
+                "max_seconds": round(max(spans), 3) if spans else None}
 
 
 def _ordered(counts: Iterable[str]) -> list[str]:
@@ -152,11 +203,27 @@ def exit_code(snap: dict[str, Any]) -> int:
     return EXIT_OK if snap["done"] else EXIT_RUNNING
 
 
+def seconds(value: float) -> str:
+    return f"{value:.1f} s" if value < 60 else f"{int(value // 60)} min {int(value % 60):02d} s"
+
+
+def waits_text(snap: dict[str, Any]) -> Optional[str]:
+    """The waiting stage in words ("waited for inputs: 3 tasks, mean 1.2 s, max 2.0 s"), or
+    None when no watched task waited for inputs."""
+    w = snap.get("waits") or {}
+    if not w.get("tasks"):
+        return None
+    return (f"waited for inputs: {w['tasks']} task{'s' if w['tasks'] != 1 else ''}, "
+            f"mean {seconds(w['mean_seconds'])}, max {seconds(w['max_seconds'])}")
+
+
 def summary(snap: dict[str, Any]) -> str:
-    """One line: how many tasks ended how, and how long it took."""
+    """One line: how many tasks ended how, how long it took, and how long they waited for inputs."""
     parts = [f"{n} {s}" for s, n in snap["states"].items() if n]
     head = f"{snap['total']} task{'s' if snap['total'] != 1 else ''}"
+    waited = waits_text(snap)
+    tail = f"; {waited}" if waited else ""
     if snap["done"]:
         verdict = "all succeeded" if not snap["failed"] else f"{snap['failed']} did not succeed"
-        return f"{head}, {verdict}: {', '.join(parts)} ({snap['elapsed_seconds']:.1f} s)"
-    return f"{head}, {snap['remaining']} not finished: {', '.join(parts)}"
+        return f"{head}, {verdict}: {', '.join(parts)} ({snap['elapsed_seconds']:.1f} s){tail}"
+    return f"{head}, {snap['remaining']} not finished: {', '.join(parts)}{tail}"

@@ -1,5 +1,7 @@
 """How `skyfn task watch` shows a Tally snapshot: a live board (rich) on a terminal, plain
-lines when stdout is not one, and the lines shared by both.
+lines when stdout is not one, and the lines shared by both. WAITING (for inputs) has its own
+colour, count and column per endpoint, apart from the tasks pending on the endpoint's side
+(CREATED, QUEUED, DISPATCHED); the time waited for inputs is shown as its own line.
 
 rich is imported only when a board is drawn: the plain lines and the JSON need nothing.
 """
@@ -8,11 +10,11 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional
 
-from skyfn.watch.tally import BAD, Tally
+from skyfn.watch.tally import BAD, WAITING, Tally, waits_text
 
 COLOURS = {"SUCCEEDED": "green", "FAILED": "red", "TIMED_OUT": "red", "CANCELLED": "yellow",
-           "RUNNING": "cyan", "DISPATCHED": "blue", "QUEUED": "magenta", "CREATED": "white"}
-WAITING = ("CREATED", "QUEUED", "DISPATCHED")
+           "RUNNING": "cyan", "DISPATCHED": "blue", "QUEUED": "magenta", "WAITING": "orange3", "CREATED": "white"}
+PENDING = ("CREATED", "QUEUED", "DISPATCHED")  # on their way to a worker (WAITING ones are not yet)
 
 
 def duration(seconds: Optional[float]) -> str:
@@ -38,8 +40,9 @@ def plain_line(snap: dict[str, Any], now: Optional[float] = None) -> str:
     """One progress line, for logs and pipes."""
     clock = time.strftime("%H:%M:%S", time.localtime(time.time() if now is None else now))
     states = ", ".join(f"{s} {n}" for s, n in snap["states"].items() if n)
+    waited = waits_text(snap)
     return (f"{clock} {snap['finished']}/{snap['total']} finished ({percent(snap)}%): {states} | "
-            f"{rate(snap['throughput'])} | ETA {duration(snap['eta_seconds'])}")
+            f"{rate(snap['throughput'])} | ETA {duration(snap['eta_seconds'])}" + (f" | {waited}" if waited else ""))
 
 
 def failure_lines(snap: dict[str, Any]) -> list[str]:
@@ -47,7 +50,7 @@ def failure_lines(snap: dict[str, Any]) -> list[str]:
 
 
 def render(snap: dict[str, Any], note: str = ""):
-    """The board: progress, counts per state, per endpoint, the last failures."""
+    """The board: progress, counts per state, per endpoint, the wait for inputs, the last failures."""
     from rich.console import Group
     from rich.progress_bar import ProgressBar
     from rich.table import Table
@@ -66,15 +69,19 @@ def render(snap: dict[str, Any], note: str = ""):
     states.add_row(*[str(n) for n in snap["states"].values()])
 
     endpoints = Table(box=None, padding=(0, 1), show_edge=False)
-    for name in ("endpoint", "tasks", "waiting", "running", "succeeded", "failed"):
-        endpoints.add_column(name, justify="left" if name == "endpoint" else "right")
+    for name in ("endpoint", "tasks", "waiting", "pending", "running", "succeeded", "failed"):
+        endpoints.add_column(Text(name, style=COLOURS[WAITING] if name == "waiting" else ""),
+                             justify="left" if name == "endpoint" else "right")
     for label, counts in snap["endpoints"].items():
-        endpoints.add_row(label, str(sum(counts.values())), str(sum(counts.get(s, 0) for s in WAITING)),
-                          str(counts.get("RUNNING", 0)), str(counts.get("SUCCEEDED", 0)),
-                          str(sum(counts.get(s, 0) for s in BAD)))
+        endpoints.add_row(label, str(sum(counts.values())), str(counts.get(WAITING, 0)),
+                          str(sum(counts.get(s, 0) for s in PENDING)), str(counts.get("RUNNING", 0)),
+                          str(counts.get("SUCCEEDED", 0)), str(sum(counts.get(s, 0) for s in BAD)))
 
     parts: list[Any] = [Text(f"skyfn task watch: {snap['total']} tasks{note}", style="bold"), head, Text(""),
                         states, Text(""), endpoints]
+    waited = waits_text(snap)
+    if waited:
+        parts += [Text(""), Text(waited, style=COLOURS[WAITING])]
     if snap["failures"]:
         parts += [Text(""), Text("last failures", style="bold red")]
         parts += [Text(line) for line in failure_lines(snap)]

@@ -291,7 +291,7 @@ def test_dashboard_graphs_latency_per_stage_and_the_push(service):
     raw, _ = service
     (board,) = props(raw, "AWS::CloudWatch::Dashboard")
     body = json.dumps(board["DashboardBody"])
-    for metric in ("StageServiceMs", "StageQueueMs", "StageDispatchMs", "StageRunMs", "StageReturnMs",
+    for metric in ("StageServiceMs", "StageWaitingMs", "StageQueueMs", "StageDispatchMs", "StageRunMs", "StageReturnMs",
                    "TaskTotalMs", "TasksMeasured", "ConnectCount", "MessageCount"):
         assert metric in body, metric
     assert "Task latency per stage" in body and "ResultsPushApi" in body

@@ -13,6 +13,7 @@ from aws_cdk.assertions import Match
 
 from infra.aws import sizing
 from infra.aws.config import FUNCTIONS, RESULTS_BATCH_SIZE
+from infra.aws.stacks.service import SQS_ENDPOINT_QUEUE_ACTIONS
 from lambdas.core.identity.agent_credentials import CONSUME_ACTIONS, RESULT_ACTIONS
 from stepfunctions import catalog
 
@@ -213,7 +214,9 @@ def test_each_handler_gets_only_its_tables(t):
     assert set(access["history"]) == {"submissions", "history"}
     assert access["history"]["history"] == {"dynamodb:BatchWriteItem"}  # pages, markers (batch_writer)
     assert access["history"]["submissions"] == {"dynamodb:BatchWriteItem"}
-    assert access["results"] == {} and access["reaper"] == {}
+    # releasing dependents (issue 26): function bodies and share items not in Redis, by key
+    for key in ("results", "reaper"):
+        assert access[key] == {"functions": {"dynamodb:GetItem"}, "endpoints": {"dynamodb:GetItem"}}, key
 
 
 def test_each_handler_gets_only_its_queues(t):
@@ -228,10 +231,14 @@ def test_each_handler_gets_only_its_queues(t):
     api = sqs("api")
     assert all("skyfn-ci-tasks-*" in w and "skyfn-ci-control-*" in w for a, w in api if "sqs:SendMessage" in a)
     assert not any("sqs:ReceiveMessage" in a for a, _ in api)
-    results = sqs("results")
-    assert len(results) == 1 and "ResultsQueue" in results[0][1] and "sqs:ReceiveMessage" in results[0][0]
-    reaper = sqs("reaper")
-    assert len(reaper) == 1 and "skyfn-ci-tasks-*" in reaper[0][1] and "sqs:SendMessage" not in reaper[0][0]
+    # results: consumes its queue; sends released dependents to task queues, never a control queue
+    (consume, release) = sorted(sqs("results"), key=lambda s: "ResultsQueue" not in s[1])
+    assert "ResultsQueue" in consume[1] and "sqs:ReceiveMessage" in consume[0] and "sqs:SendMessage" not in consume[0]
+    assert release[0] == sorted([*SQS_ENDPOINT_QUEUE_ACTIONS, "sqs:SendMessage"])
+    assert "skyfn-ci-tasks-*" in release[1] and "control" not in release[1] and "ResultsQueue" not in release[1]
+    (reaper,) = sqs("reaper")  # drains dead letters; sends the dependents its sweep releases (issue 26)
+    assert reaper[0] == sorted([*SQS_ENDPOINT_QUEUE_ACTIONS, "sqs:SendMessage", "sqs:ReceiveMessage",
+                                "sqs:DeleteMessage"]) and "skyfn-ci-tasks-*" in reaper[1]
     assert sqs("history") == []
 
 
@@ -269,11 +276,28 @@ def test_api_may_run_and_compile_workflows_but_not_stop_or_tag_them(t):
         assert all(p in text for p in prefixes) and len(by_sid[sid]["Resource"]) == len(prefixes), (sid, text)
 
 
+def test_results_and_reaper_hold_what_releasing_dependents_needs(t):
+    """lambdas/core/tasks/dataflow.py `release` (issue 26): envelopes put under args/,
+    presigned GETs of args/ and results/, each pack's result-upload form for results/; the
+    data key to read and to put objects, not to write items."""
+    from infra.aws.stacks.data import KEY_READ_UPLOAD_ACTIONS
+
+    for key in ("results", "reaper"):
+        by_sid = {s.get("Sid"): s for s in function_statements(t["service"], f"skyfn-ci-{key}")}
+        for sid, acts in (("PayloadWrites", ["s3:PutObject"]), ("PayloadReads", ["s3:GetObject"])):
+            text = resources_text(by_sid[sid])
+            assert actions(by_sid[sid]) == acts and len(by_sid[sid]["Resource"]) == 2, (key, sid)
+            assert "/args/*" in text and "/results/*" in text and "/batches/" not in text, (key, sid)
+        assert sorted(actions(by_sid["DataKey"])) == sorted(KEY_READ_UPLOAD_ACTIONS), key
+        s3 = {a for s in by_sid.values() for a in actions(s) if a.startswith("s3:")}
+        assert s3 == {"s3:PutObject", "s3:GetObject"}, key
+
+
 def test_results_role_holds_what_lambdas_poller_calls(t):
     """The event-source mapping polls with the function's role: receive, delete, read
     attributes (not grantConsumeMessages' ChangeMessageVisibility and GetQueueUrl)."""
     (consume,) = [s for s in function_statements(t["service"], "skyfn-ci-results")
-                  if any(a.startswith("sqs:") for a in actions(s))]
+                  if any(a.startswith("sqs:") for a in actions(s)) and s.get("Sid") != "EndpointQueues"]
     assert consume["Sid"] == "ResultsQueueConsume"
     assert sorted(actions(consume)) == ["sqs:DeleteMessage", "sqs:GetQueueAttributes", "sqs:ReceiveMessage"]
     assert "ResultsQueue" in resources_text(consume)

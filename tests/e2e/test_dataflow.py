@@ -157,7 +157,12 @@ def second_endpoint(local_home, client):
     cfg = local_home / "endpoints" / name
     cfg.mkdir(parents=True, exist_ok=True)
     (cfg / "config.yaml").write_text(yaml.safe_dump({"workers": 1, "heartbeat_period": 1}))
-    env = dict(os.environ, SKYFN_HOME=str(local_home), PYTHONPATH=str(ROOT))
+    from infra.local.agent import aws_env
+    from infra.local.state import StateDir
+
+    # from the templates (make test-deploy) its queues are SQS in moto: the runtime's address
+    env = dict(os.environ, SKYFN_HOME=str(local_home), PYTHONPATH=str(ROOT),
+               **aws_env(StateDir.at(local_home).read_runtime()))
     log = open(cfg / "test.log", "ab")
     proc = subprocess.Popen([sys.executable, "-m", "endpoint_agent", "start", name, "--foreground"],
                             cwd=str(ROOT), env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -56,3 +56,33 @@ def test_listing_report_and_cli(client, endpoint_id, local_home, tmp_path):
     assert out.returncode == 0, out.stderr
     assert f"report written to {tmp_path / 'cli.html'}" in out.stdout and "Little's law" in out.stdout
     assert len(list(Path(tmp_path / "cli").glob("*.png"))) == 5
+
+
+def pause(seconds):
+    import time
+
+    time.sleep(seconds)
+    return seconds
+
+
+def test_the_wait_for_inputs_is_its_own_stage(client, endpoint_id, tmp_path):
+    """Tasks given a future (issue 26) waited for it: the report shows that as the 'waiting'
+    stage, and their 'service' stage no longer holds it."""
+    import time
+
+    from skyfn import Executor
+
+    start = time.time()
+    with Executor(endpoint_id=endpoint_id, client=client) as ex:
+        first = ex.submit(pause, 2.0)
+        dependents = [ex.submit(double, first) for _ in range(3)]
+        assert [d.result(timeout=120) for d in dependents] == [4.0] * 3
+    report = client.report(since=start, endpoint="local", html=tmp_path / "r.html")
+    stages = report.summary["stages_ms"]
+    assert report.summary["tasks"] == 4 and report.summary["waiting"]["tasks"] == 3
+    assert stages["waiting"]["n"] == 3 and 1500 <= stages["waiting"]["p50"] < 10_000  # its input ran 2 s
+    assert stages["service"]["n"] == 4 and stages["service"]["p95"] < 1000  # the 2 s wait is not the service's
+    text = report.text()
+    assert "3 tasks waited for their inputs" in text
+    assert any(line.split()[0] == "waiting" for line in text.splitlines() if line.strip())
+    assert "<th>waiting (ms)</th>" in report.html.read_text()

@@ -98,17 +98,59 @@ def test_page_follows_a_batch_live(browser, client, endpoint_id):
         browser.save_screenshot(str(ARTIFACTS / "2-batch-listed.png"))
         assert [f.result(timeout=120) for f in futures] == [i + 1 for i in range(12)]
     # SUCCEEDED from the push, then each row's latency breakdown from the refresh it triggers
-    wait_args(browser, probe % "r.dataset.state === 'SUCCEEDED' && r.cells[9].textContent !== ''", ids, 60,
+    wait_args(browser, probe % "r.dataset.state === 'SUCCEEDED' && r.cells[10].textContent !== ''", ids, 60,
               "the batch SUCCEEDED")
     browser.save_screenshot(str(ARTIFACTS / "3-batch-succeeded.png"))
     assert browser.execute_script("return window.__skyfnMarker") == marker  # the same page: no reload
     assert browser.execute_script("return window.skyfnUi.pushes") > 0  # updated by the WebSocket push
-    # the latency breakdown of a finished task: five stage cells and a total, all numbers
-    cells = browser.execute_script(
+    # the latency breakdown of a finished task: six stage cells and a total, all numbers but
+    # 'waiting' (it had no inputs to wait for)
+    cells = stage_cells(browser, ids[0])
+    assert len(cells) == 7 and cells[1] == "" and all(c and float(c) >= 0 for i, c in enumerate(cells) if i != 1)
+    assert float(cells[4]) >= 250  # the 'run' stage of a 0.3 s nap
+
+
+def stage_cells(driver, task_id: str) -> list[str]:
+    """service, waiting, queue, dispatch, run, return, total (ms) of a task's row."""
+    return driver.execute_script(
         "return [...document.querySelector(`#tasks tr[data-task=\"${arguments[0]}\"]`).cells].slice(4)"
-        ".map(c => c.textContent)", ids[0])
-    assert len(cells) == 6 and all(c and float(c) >= 0 for c in cells)
-    assert float(cells[3]) >= 250  # the 'run' stage of a 0.3 s nap
+        ".map(c => c.textContent)", task_id)
+
+
+def slow(seconds):
+    import time as _t
+
+    _t.sleep(seconds)
+    return seconds
+
+
+def test_a_dependent_shows_waiting_then_the_time_it_waited(browser, client, endpoint_id):
+    """A task given another's future (issue 26) is listed WAITING, counted as such, while its
+    input runs; once done, the time it waited is its 'waiting' stage, not the service's."""
+    from skyfn import Executor
+
+    sign_in(browser, client.service_url, client.config.token)
+    wait(browser, "return !document.getElementById('dashboard').hidden", 30, "the dashboard")
+    with Executor(endpoint_id=endpoint_id, client=client) as ex:
+        first = ex.submit(slow, 6.0)
+        second = ex.submit(nap, first)
+        deadline = time.monotonic() + 30
+        while second.task_id is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        tid = second.task_id
+        assert tid
+        wait_args(browser, "const r = document.querySelector(`#tasks tr[data-task=\"${arguments[0]}\"]`);"
+                           "const c = document.querySelector('#state-counts span[data-state=\"WAITING\"]');"
+                           "return r && r.dataset.state === 'WAITING' && c && Number(c.dataset.count) >= 1",
+                  tid, 30, "the dependent WAITING")
+        browser.save_screenshot(str(ARTIFACTS / "5-dependent-waiting.png"))
+        assert second.result(timeout=120) == 7.0
+    wait_args(browser, "const r = document.querySelector(`#tasks tr[data-task=\"${arguments[0]}\"]`);"
+                       "return r && r.dataset.state === 'SUCCEEDED' && r.cells[10].textContent !== ''",
+              tid, 60, "the dependent SUCCEEDED")
+    browser.save_screenshot(str(ARTIFACTS / "6-dependent-succeeded.png"))
+    service, waited, *_, total = [float(c) for c in stage_cells(browser, tid)]
+    assert 5000 <= waited <= total and service < 1000  # it waited out its input's 6 s run
 
 
 def test_the_page_consumes_no_result(browser, client, endpoint_id, hot_store):

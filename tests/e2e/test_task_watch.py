@@ -122,6 +122,47 @@ def test_once_json_while_the_batch_runs_then_watch_to_the_end(client, endpoint_i
     assert out.returncode == 0 and out.stdout.splitlines()[0] == "watching 12 tasks on 1 endpoint (all final already)"
 
 
+def explode(x):
+    raise KeyError(f"no {x}")
+
+
+@pytest.mark.parametrize("how", ["push", "poll"])
+def test_a_graph_shows_its_waiting_tasks_and_how_long_they_waited(client, endpoint_id, how):
+    """Tasks given futures (issue 26) are WAITING while their input runs (their own count and
+    column), and once released the time they waited is shown; a dependent of a failed input
+    ends FAILED with DependencyFailed and never counts as released."""
+    from skyfn import Executor
+
+    with Executor(endpoint_id=endpoint_id, client=client) as ex:
+        first = ex.submit(nap, 3.0)
+        waiters = [ex.submit(nap, first), ex.submit(nap, first)]
+        doomed = ex.submit(nap, ex.submit(explode, 1))
+        futures = [first, *waiters, doomed]
+        deadline = time.monotonic() + 30
+        while any(f.task_id is None for f in futures) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ids = [f.task_id for f in futures]
+        assert all(ids)
+        code, snap, out = once_json(*ids)
+        assert code in (1, 3) and not snap["done"], out.stderr  # 1 once the doomed one failed
+        assert snap["states"]["WAITING"] == 2 and snap["endpoints"]["local"]["WAITING"] == 2, snap
+        assert snap["waits"]["tasks"] == 2 and snap["waits"]["max_seconds"] < 3.0  # still waiting: so far
+
+        out = cli(*ids, *(["--no-push"] if how == "poll" else []))
+        assert [w.result(timeout=60) for w in waiters] == [3.0, 3.0]
+    assert out.returncode == 1, out.stderr  # the doomed one failed
+    last = out.stdout.strip().splitlines()[-1]
+    assert last.startswith("4 tasks, 1 did not succeed: 3 SUCCEEDED, 1 FAILED (") and \
+        "; waited for inputs: 2 tasks, mean " in last, out.stdout
+
+    code, snap, _ = once_json(*ids)
+    assert code == 1 and snap["states"]["WAITING"] == 0
+    assert snap["waits"]["tasks"] == 2 and 2.5 <= snap["waits"]["mean_seconds"] <= snap["waits"]["max_seconds"] < 30
+    (failure,) = snap["failures"]
+    assert failure["task_id"] == doomed.task_id and failure["reason"].startswith("DependencyFailed: input task "), \
+        failure
+
+
 def test_since_and_endpoint_select_exactly_the_new_tasks(client, endpoint_id):
     start = time.time() - 0.01
     ids = submit(client, endpoint_id, odd_job, range(30))  # 3 raise

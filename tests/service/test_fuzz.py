@@ -142,6 +142,8 @@ def _with_seeds(case, seeds: dict, data) -> None:
             t.pop("group_id", None)
             if "endpoint_id" in t:
                 t["endpoint_id"] = seeds["endpoint_id"]
+            if t.get("inputs") is not None:  # dataflow (issue 26): the caller's own tasks, queued or final
+                t["inputs"] = [data.draw(st.sampled_from(seeds["task_ids"]), label="real input")]
     if isinstance(body.get("task_ids"), list):
         body["task_ids"] = body["task_ids"][:5] + seeds["task_ids"]
         if "cursor" in body and data.draw(st.booleans(), label="real cursor"):

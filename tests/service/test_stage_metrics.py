@@ -25,6 +25,23 @@ def test_stage_means_from_events():
         assert math.isclose(means[name], value, rel_tol=1e-6), (name, means[name])
 
 
+def test_the_wait_for_inputs_is_its_own_stage_not_service():
+    from lambdas.core.tasks.stage_metrics import stage_means
+
+    # a task with inputs: released 2.5 s after it was stored WAITING
+    w = ("CREATED@10.000;WAITING@10.000;QUEUED@12.500;DISPATCHED@12.510;RUNNING@12.512;DONE@12.612;"
+         "SUCCEEDED@12.615;STORED@12.615;")
+    plain = "CREATED@20.000;QUEUED@20.004;DISPATCHED@20.014;RUNNING@20.016;DONE@20.116;SUCCEEDED@20.119;STORED@20.119;"
+    failed = "CREATED@30.000;WAITING@30.000;FAILED@31.000;STORED@31.000;"  # an input failed: never released
+    means, n = stage_means([w, plain, failed])
+    assert n == 3
+    assert math.isclose(means["StageWaitingMs"], 2500.0, rel_tol=1e-6)  # only the released one has the stage
+    assert math.isclose(means["StageServiceMs"], (0.0 + 4.0) / 2, rel_tol=1e-6)
+    assert math.isclose(means["StageQueueMs"], 10.0, rel_tol=1e-6)
+    assert math.isclose(means["TaskTotalMs"], (2615.0 + 119.0 + 1000.0) / 3, rel_tol=1e-6)
+    assert "StageWaitingMs" not in stage_means([plain])[0]  # no task waited: no such metric in the pack
+
+
 def test_results_function_emits_stage_metrics_and_pushes(api, submitted, monkeypatch, capsys):  # noqa: F811
     from aws_lambda_powertools import Metrics
 

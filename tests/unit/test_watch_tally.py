@@ -184,3 +184,76 @@ def test_the_plain_line_and_the_board_show_the_snapshot():
 def test_every_state_has_a_colour_and_durations_read_well():
     assert set(COLOURS) == {s.value for s in TaskState}
     assert [duration(x) for x in (None, 4.4, 125, 7300)] == ["-", "4 s", "2 min 05 s", "2 h 01 min"]
+
+
+def test_waiting_for_inputs_has_its_own_count_column_and_stage():
+    """A task with inputs is WAITING (its own state, colour and endpoint column, apart from the
+    CREATED/QUEUED/DISPATCHED ones pending on the endpoint's side) and the time it waited,
+    WAITING -> the QUEUED that released it, is read from its events."""
+    t = tally(5, endpoints=("local",))
+    first = {
+        "t0": {"state": "SUCCEEDED", "events": [["CREATED", T0], ["QUEUED", T0], ["RUNNING", T0 + 0.5],
+                                                ["DONE", T0 + 2], ["SUCCEEDED", T0 + 2], ["STORED", T0 + 2]]},
+        "t1": {"state": "RUNNING", "events": [["CREATED", T0], ["WAITING", T0], ["QUEUED", T0 + 2],
+                                              ["DISPATCHED", T0 + 2.1], ["RUNNING", T0 + 2.2]]},
+        "t2": {"state": "WAITING", "events": [["CREATED", T0 + 1], ["WAITING", T0 + 1]]},
+        "t3": {"state": "WAITING", "events": [["CREATED", T0 + 1], ["WAITING", T0 + 1]]},
+        "t4": {"state": "QUEUED", "events": [["CREATED", T0 + 1], ["QUEUED", T0 + 1]]},
+    }
+    apply(t, first, observed=T0 + 3)
+    snap = t.snapshot(T0 + 5)
+    assert snap["states"]["WAITING"] == 2 and snap["states"]["QUEUED"] == 1 and snap["states"]["RUNNING"] == 1
+    assert list(snap["states"])[:3] == ["CREATED", "WAITING", "QUEUED"]
+    assert snap["endpoints"] == {"local": {"WAITING": 2, "QUEUED": 1, "RUNNING": 1, "SUCCEEDED": 1}}
+    # t1 waited 2 s (released); t2 and t3 have waited 4 s so far
+    assert snap["waits"] == {"tasks": 3, "mean_seconds": pytest.approx(10 / 3, abs=1e-3), "max_seconds": 4.0}
+
+    # released without events (a full read): left out until the events tell when, which are
+    # asked for once
+    t.update("t2", "QUEUED")
+    assert t.snapshot(T0 + 5)["waits"]["tasks"] == 2
+    assert t.take_unreleased() == ["t2"] and t.take_unreleased() == []
+    apply(t, {"t2": {"state": "SUCCEEDED", "events": [["CREATED", T0 + 1], ["WAITING", T0 + 1], ["QUEUED", T0 + 4.5],
+                                                      ["RUNNING", T0 + 4.6], ["DONE", T0 + 4.8],
+                                                      ["SUCCEEDED", T0 + 4.9]]}}, observed=T0 + 5)
+    # an input failed: t3 ends FAILED without ever being released; its wait is not a stage
+    apply(t, {"t3": {"state": "FAILED", "reason": "DependencyFailed: input task t9 ended FAILED",
+                     "events": [["CREATED", T0 + 1], ["WAITING", T0 + 1], ["FAILED", T0 + 5]]}}, observed=T0 + 5)
+    snap = t.snapshot(T0 + 6)
+    assert t.take_unreleased() == []  # t3's events were read: it was never released
+    assert snap["states"]["WAITING"] == 0 and snap["states"]["FAILED"] == 1
+    assert snap["waits"] == {"tasks": 2, "mean_seconds": 2.75, "max_seconds": 3.5}
+    assert snap["failures"][-1]["reason"] == "DependencyFailed: input task t9 ended FAILED"
+    assert "; waited for inputs: 2 tasks, mean 2.8 s, max 3.5 s" in summary(snap)
+
+    from rich.console import Console
+
+    t5 = tally(3, endpoints=("local",))
+    apply(t5, {f"t{i}": {"state": "WAITING", "events": [["CREATED", T0], ["WAITING", T0]]} for i in range(2)}, T0)
+    t5.update("t2", "DISPATCHED")
+    snap = t5.snapshot(T0 + 90)
+    line = plain_line(snap, now=T0)
+    assert "0/3 finished (0%): WAITING 2, DISPATCHED 1 |" in line
+    assert line.endswith("| waited for inputs: 2 tasks, mean 1 min 30 s, max 1 min 30 s")
+    buf = io.StringIO()
+    Console(file=buf, width=120, force_terminal=False, color_system=None).print(render(snap))
+    text = buf.getvalue()
+    header = next(ln for ln in text.splitlines() if "endpoint" in ln and "pending" in ln).split()
+    row = next(ln for ln in text.splitlines() if ln.strip().startswith("local")).split()
+    lines = text.splitlines()
+    at = next(i for i, ln in enumerate(lines) if "CREATED" in ln)
+    assert dict(zip(lines[at].split(), lines[at + 1].split())) == {
+        "CREATED": "0", "WAITING": "2", "QUEUED": "0", "DISPATCHED": "1", "RUNNING": "0", "SUCCEEDED": "0",
+        "FAILED": "0", "TIMED_OUT": "0", "CANCELLED": "0"}
+    assert header == ["endpoint", "tasks", "waiting", "pending", "running", "succeeded", "failed"]
+    assert row == ["local", "3", "2", "1", "0", "0", "0"]
+    assert "waited for inputs: 2 tasks, mean 1 min 30 s, max 1 min 30 s" in text
+    assert COLOURS["WAITING"] not in {c for s, c in COLOURS.items() if s != "WAITING"}  # a colour of its own
+
+
+def test_no_task_waited_no_wait_shown():
+    t = tally(2)
+    apply(t, {"t0": {"state": "RUNNING", "events": [["CREATED", T0], ["QUEUED", T0], ["RUNNING", T0 + 1]]}}, T0)
+    snap = t.snapshot(T0 + 2)
+    assert snap["waits"] == {"tasks": 0, "mean_seconds": None, "max_seconds": None}
+    assert "waited" not in plain_line(snap, now=T0) and "waited" not in summary(snap)

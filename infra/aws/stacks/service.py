@@ -46,7 +46,7 @@ from stepfunctions import catalog
 LEASE_SECONDS = 60
 MAX_DELIVERIES = 5
 SCHEDULE_MINUTES = {"reaper": 1, "history": sizing.SCHEDULE_PERIOD_S // 60}
-STAGE_METRICS = ("StageServiceMs", "StageQueueMs", "StageDispatchMs", "StageRunMs", "StageReturnMs")
+STAGE_METRICS = ("StageServiceMs", "StageWaitingMs", "StageQueueMs", "StageDispatchMs", "StageRunMs", "StageReturnMs")
 SQS_ENDPOINT_QUEUE_ACTIONS = ["sqs:CreateQueue", "sqs:GetQueueUrl", "sqs:GetQueueAttributes",
                               "sqs:SetQueueAttributes"]
 
@@ -150,9 +150,15 @@ class ServiceStack(Stack):
         results_fn.add_to_role_policy(iam.PolicyStatement(
             sid="ResultsQueueConsume", actions=["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"],
             resources=[self.results_queue.queue_arn]))
+        # ... and releases the dependents of the tasks it finished (task graphs, issue 26):
+        # declares endpoint task queues and sends them packs (never a control queue)
+        results_fn.add_to_role_policy(self.endpoint_queue_statement(send=True, control=False))
+        self._dataflow_release(results_fn)
 
-        # reaper: re-declares endpoint queues, drains their dead-letter queues.
-        reaper_fn.add_to_role_policy(self.endpoint_queue_statement(receive=True))
+        # reaper: re-declares endpoint queues, drains their dead-letter queues; sends the
+        # dependents its sweep releases (a release whose sender died, a cascade cut short)
+        reaper_fn.add_to_role_policy(self.endpoint_queue_statement(send=True, receive=True))
+        self._dataflow_release(reaper_fn)
 
         # history: bulk writes of submissions, finished tasks in pages (issue 24).
         data.grant_table(history_fn, "SubmissionsWrite", "submissions", ["dynamodb:BatchWriteItem"])  # batch_writer
@@ -206,15 +212,38 @@ class ServiceStack(Stack):
         CfnOutput(self, "ActionProviderUrl", value=self.api.url_for_path("/flows-ap"),
                   description="Globus Flows action provider of skyfn: the URL a flow's Action state names")
 
-    def endpoint_queue_statement(self, send: bool = False, receive: bool = False) -> iam.PolicyStatement:
+    def endpoint_queue_statement(self, send: bool = False, receive: bool = False,
+                                 control: bool = True) -> iam.PolicyStatement:
         """Declare (create if missing, read and align attributes) the stage's endpoint
-        queues; optionally send task packs to them or drain them (dead letters)."""
+        queues; optionally send task packs to them or drain them (dead letters).
+        `control=False`: the task queues only (`<prefix>-tasks-*`, their `-dlq` too)."""
         actions = list(SQS_ENDPOINT_QUEUE_ACTIONS)
         if send:
             actions.append("sqs:SendMessage")
         if receive:
             actions += ["sqs:ReceiveMessage", "sqs:DeleteMessage"]
-        return iam.PolicyStatement(sid="EndpointQueues", actions=actions, resources=self.endpoint_queue_arns)
+        return iam.PolicyStatement(sid="EndpointQueues", actions=actions,
+                                   resources=self.endpoint_queue_arns if control else self.endpoint_queue_arns[:1])
+
+    def _dataflow_release(self, fn: lambda_.Function) -> None:
+        """What sending released dependents needs besides their queues (lambdas/core/tasks/
+        dataflow.py `release`, run by the results function and the reaper):
+        - the bodies of their functions: `registry.function_bodies` reads the functions table
+          when a body is not in Redis, and a function shared with the submitter its share
+          item in the endpoints table (`access.grants`): GetItem only;
+        - the envelope of a dependent's arguments and its inputs' results, put under `args/`
+          when too large to travel in its pack (`blobs.put_payload`); presigned GETs of its
+          uploaded arguments (`args/`) and of inputs' results kept in S3 (`results/`), which
+          the agent fetches with this role's signature; each pack's result-upload form for
+          `results/<endpoint>/` (`blobs.result_upload`), which the agent posts with it;
+        - the data key: Decrypt/DescribeKey for the encrypted items and objects read,
+          GenerateDataKey* for the objects put (no Encrypt/ReEncrypt: no item is written)."""
+        data = self.data
+        for table in ("functions", "endpoints"):
+            data.grant_table(fn, f"Registry{table.capitalize()}Read", table, ["dynamodb:GetItem"])
+        data.grant_objects(fn, "PayloadWrites", ["s3:PutObject"], ["args/", "results/"])
+        data.grant_objects(fn, "PayloadReads", ["s3:GetObject"], ["args/", "results/"])
+        data.grant_key(fn, write=False, uploads=True)
 
     def _workflow_access(self, api_fn: lambda_.Function) -> None:
         """The API starts the catalog's state machines, creates the state machines of

@@ -9,9 +9,10 @@ task, and the Action Provider routes (lambdas/action_provider.py) report on it.
 
 The task is submitted through the service core (tasks.submit: sharing, allowlists, memo,
 idempotency all apply), with the request_id as its idempotency key. Task states map to
-action states: QUEUED/DISPATCHED/RUNNING are ACTIVE, SUCCEEDED is SUCCEEDED (details.result:
-the return value when it is JSON; otherwise the serialized buffer, never unpickled here),
-FAILED, TIMED_OUT and CANCELLED are FAILED with details.code and details.description.
+action states: WAITING (for inputs: a flow step's task has none), QUEUED, DISPATCHED and
+RUNNING are ACTIVE, SUCCEEDED is SUCCEEDED (details.result: the return value when it is
+JSON; otherwise the serialized buffer, never unpickled here), FAILED, TIMED_OUT and
+CANCELLED are FAILED with details.code and details.description.
 Only the creator, and principals in monitor_by (status, log) or manage_by (cancel,
 release), see an action; anyone else gets 404, as for an id that does not exist.
 """
@@ -42,7 +43,8 @@ LOG_LIMIT_MAX = 100
 SKYFN_USERS = uuid.UUID("7d1f8f0e-3b7e-4c36-9c1e-5b3f3a9e6c21")  # namespace of identities of non-Globus users
 _DURATION = re.compile(r"^P(?:(\d+(?:\.\d+)?)Y)?(?:(\d+(?:\.\d+)?)M)?(?:(\d+(?:\.\d+)?)W)?(?:(\d+(?:\.\d+)?)D)?"
                        r"(?:T(?:(\d+(?:\.\d+)?)H)?(?:(\d+(?:\.\d+)?)M)?(?:(\d+(?:\.\d+)?)S)?)?$")
-_ACTIVE = {"QUEUED": "Queued", "DISPATCHED": "Dispatched to the endpoint", "RUNNING": "Running"}
+_ACTIVE = {"WAITING": "Waiting for its inputs", "QUEUED": "Queued", "DISPATCHED": "Dispatched to the endpoint",
+           "RUNNING": "Running"}
 _FAILED = {"FAILED": ("TaskFailed", "Failed"), "TIMED_OUT": ("TaskTimedOut", "Timed out"),
            "CANCELLED": ("Cancelled", "Cancelled")}
 

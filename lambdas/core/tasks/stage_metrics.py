@@ -1,8 +1,11 @@
 """Per-stage latency metrics (Powertools Metrics, EMF; DESIGN.md 11): when the results
-function stores a pack, the events of its tasks give each stage's latency (service, queue,
-dispatch, run, return: the definitions of skyfn/report/analysis.py) and the end-to-end
-time; one mean per stage per pack is added as ``Stage<Name>Ms`` (and ``TaskTotalMs``), with
-``TasksMeasured``. The CloudWatch dashboard of the service stack graphs them.
+function stores a pack, the events of its tasks give each stage's latency (service, waiting,
+queue, dispatch, run, return: the definitions of skyfn/report/analysis.py; "waiting" is a
+task's wait for its inputs, WAITING -> the first QUEUED after it, and is taken out of
+"service") and the end-to-end time; one mean per stage per pack is added as
+``Stage<Name>Ms`` (and ``TaskTotalMs``), with ``TasksMeasured``. A stage no task of the pack
+went through (no task waited for inputs) adds nothing. The CloudWatch dashboard of the
+service stack graphs them.
 
 Off when Powertools metrics are disabled (the embedded runtime's default): then nothing is
 read, so the hot path pays nothing.
@@ -14,9 +17,10 @@ from typing import Any, Iterable
 
 from skyfn.protocol.states import parse_events
 
-STAGES = (("Service", "CREATED", "QUEUED"), ("Queue", "QUEUED", "DISPATCHED"),
+STAGES = (("Service", "CREATED", "QUEUED"), ("Waiting", "WAITING", "RELEASED"), ("Queue", "QUEUED", "DISPATCHED"),
           ("Dispatch", "DISPATCHED", "RUNNING"), ("Run", "RUNNING", "DONE"), ("Return", "DONE", "STORED"))
 FINAL = ("SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED")
+FIRST = ("CREATED", "WAITING") + FINAL  # the first of these counts; of the others, the last
 
 
 def enabled() -> bool:
@@ -31,8 +35,10 @@ def stage_means(event_texts: Iterable[str | None]) -> tuple[dict[str, float], in
     for text in event_texts:
         stamps: dict[str, float] = {}
         for state, ts in parse_events(text):
-            if state in ("CREATED",) + FINAL and state in stamps:
+            if state in FIRST and state in stamps:
                 continue
+            if state == "QUEUED" and "WAITING" in stamps:  # released: its inputs all succeeded
+                stamps.setdefault("RELEASED", ts)
             stamps[state] = ts
         if not stamps:
             continue
@@ -42,10 +48,13 @@ def stage_means(event_texts: Iterable[str | None]) -> tuple[dict[str, float], in
         if final is not None:
             spans.append(("TaskTotalMs", "CREATED", "_final"))
             stamps["_final"] = final
-        for metric, a, b in spans:
-            if a in stamps and b in stamps and stamps[b] >= stamps[a]:
-                sums[metric] = sums.get(metric, 0.0) + (stamps[b] - stamps[a]) * 1000.0
-                counts[metric] = counts.get(metric, 0) + 1
+        ms = {metric: (stamps[b] - stamps[a]) * 1000.0 for metric, a, b in spans
+              if a in stamps and b in stamps and stamps[b] >= stamps[a]}
+        if "StageWaitingMs" in ms and "StageServiceMs" in ms:  # the service's own time is what waiting leaves
+            ms["StageServiceMs"] = max(0.0, ms["StageServiceMs"] - ms["StageWaitingMs"])
+        for metric, value in ms.items():
+            sums[metric] = sums.get(metric, 0.0) + value
+            counts[metric] = counts.get(metric, 0) + 1
     return {m: sums[m] / counts[m] for m in sums}, measured
 
 
