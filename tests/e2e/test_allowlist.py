@@ -18,6 +18,7 @@ import yaml
 
 from skyfn import Client, Executor, TaskFailed
 from skyfn.http import SkyfnAPIError
+from tests.e2e.processes import stop
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NAME = "locked"
@@ -68,14 +69,8 @@ def locked_agent(local_home, client):
 
     state["start"], state["stop"] = start, stop
     yield state
-    proc = state["proc"]
-    if proc is not None and proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+    if state["proc"] is not None:
+        stop(state["proc"])
     if "logf" in state and not state["logf"].closed:
         state["logf"].close()
 

@@ -5,7 +5,6 @@ carries a 100 MiB result."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,7 @@ import yaml
 from skyfn import Executor, TaskRef
 from skyfn.protocol.errors import DependencyFailed, TaskCancelled
 from skyfn.protocol.states import stage_latencies
+from tests.e2e.processes import stop
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -173,12 +173,7 @@ def second_endpoint(local_home, client):
         assert proc.poll() is None and time.monotonic() < deadline, (cfg / "test.log").read_text()[-2000:]
         time.sleep(0.5)
     yield name
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
+    stop(proc)
     log.close()
 
 

@@ -129,28 +129,14 @@ class DataflowService(FakeService):
             self._check(d)
 
     # -- running --------------------------------------------------------------------------
-    def _runner(self) -> None:
-        while True:
-            tid = self._runq.get()
-            if tid is None:
-                return
-            self.gate.wait()
-            if self.stopped:
-                return
-            with self.lock:
-                t = self.tasks[tid]
-                if t["state"] != "QUEUED":
-                    continue
-                t["state"] = "RUNNING"
-                t["events"].append(("RUNNING", time.time()))
-                fid, payload = t["function_id"], t["payload"]
-                self.runs[tid] = self.runs.get(tid, 0) + 1
-                self._cache.add({fid: self.functions[fid]["function"]})
-            state, result, error = run_task(self._cache, fid, payload)
-            with self.lock:
-                if t["state"] == "RUNNING":
-                    t.update(state=state, result=result, error=error)
-                    t["events"].append((state, time.time()))
-                    self.done_log.append(tid)
-                    self.lock.notify_all()
-                    self._after_final(tid)
+    def _execute(self, t: dict) -> dict[str, Any]:
+        """Through the worker's own run_task, envelopes and all."""
+        fid = t["function_id"]
+        with self.lock:
+            self.runs[t["task_id"]] = self.runs.get(t["task_id"], 0) + 1
+            self._cache.add({fid: self.functions[fid]["function"]})
+        state, result, error = run_task(self._cache, fid, t["payload"])
+        return {"state": state, "result": result, "error": error}
+
+    def _finished(self, tid: str) -> None:
+        self._after_final(tid)

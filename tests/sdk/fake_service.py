@@ -118,22 +118,29 @@ class FakeService:
                     continue
                 t["state"] = "RUNNING"
                 t["events"].append(("RUNNING", time.time()))
-                fid = t["function_id"]
-            out: dict[str, Any] = {}
-            try:
-                fn = self._fn_cache.get(fid)
-                if fn is None:
-                    fn = self._fn_cache[fid] = deserialize(self.functions[fid]["function"])
-                args, kwargs = unpack_args(t["payload"])
-                out = {"state": "SUCCEEDED", "result": serialize(fn(*args, **kwargs))}
-            except Exception as exc:
-                out = {"state": "FAILED", "error": wrap_exception(exc)}
+            out = self._execute(t)
             with self.lock:
                 if t["state"] == "RUNNING":
                     t.update(out)
                     t["events"].append((out["state"], time.time()))
                     self.done_log.append(tid)
                     self.lock.notify_all()
+                    self._finished(tid)
+
+    def _execute(self, t: dict) -> dict[str, Any]:
+        """Run one task (outside the lock): its final fields."""
+        fid = t["function_id"]
+        try:
+            fn = self._fn_cache.get(fid)
+            if fn is None:
+                fn = self._fn_cache[fid] = deserialize(self.functions[fid]["function"])
+            args, kwargs = unpack_args(t["payload"])
+            return {"state": "SUCCEEDED", "result": serialize(fn(*args, **kwargs))}
+        except Exception as exc:
+            return {"state": "FAILED", "error": wrap_exception(exc)}
+
+    def _finished(self, tid: str) -> None:
+        """Called under the lock once a task's final state is stored (subclasses react)."""
 
     # -- routes ---------------------------------------------------------------------
     def _status_of(self, t: dict, events: bool = False) -> dict:

@@ -143,9 +143,9 @@ def test_task_refs_and_client_run(fclient, flow, ex):
     assert fclient.get_result(second, timeout=10) == 8
     assert flow.tasks[second]["inputs"] == [first] and flow.tasks[second]["memoize"] is False
     # an Executor takes a TaskRef, and Client.run an Executor's future
-    fut = ex.submit(ff.add, TaskRef(second), 1)
+    fut = ex.submit(ff.slow, 1.0, TaskRef(second))  # still running when third is submitted: an input
     third = fclient.run(ff.echo, fut, TaskRef(first), fut, endpoint_id=eid)
-    assert fclient.get_result(third, timeout=10) == ([9, 3, 9], {})
+    assert fclient.get_result(third, timeout=10) == ([8, 3, 8], {})
     assert flow.tasks[third]["inputs"] == [fut.task_id, first]
 
 
@@ -234,7 +234,7 @@ def direct_future(task_id: str = "0190a5e1-0000-7000-8000-000000000001") -> Skyf
 
 def test_a_direct_tasks_value_is_passed_inline_when_it_is_known(ex, flow):
     d = direct_future()
-    a = ex.submit(ff.add, 1)
+    a = ex.submit(ff.slow, 1.0, 1)  # still running when b goes: an input, not a value known here
     b = ex.submit(ff.echo, d, a, d)
     assert ex.outstanding >= 1 and b.task_id is None  # waits for d's value, off the caller's thread
     c = ex.submit(ff.echo, b)  # b is by value while it waits: c waits for it too

@@ -24,9 +24,21 @@ from __future__ import annotations
 _ALLOW_OOM = "#!lua flags=allow-oom\n"
 _FINAL = "local FINAL = {SUCCEEDED=true, FAILED=true, TIMED_OUT=true, CANCELLED=true}\n"
 
-# Unpinning the last pin gives an archived record the expiry ARCHIVED / a read would have
-# given it (result_ttl after its read, which may be past: gone now; else unretrieved_ttl).
-PINS = """
+# An archived record's expiry (scripts.ARCHIVED): result_ttl after its read, which may be
+# past (gone now), else unretrieved_ttl.
+EXPIRE_ARCHIVED = """
+local function expire_archived(key, ttl, unread_ms)
+  local rt = redis.call('HGET', key, 'rt')
+  if rt then
+    redis.call('PEXPIREAT', key, math.floor((tonumber(rt) + ttl) * 1000))
+  else
+    redis.call('PEXPIRE', key, unread_ms)
+  end
+end
+"""
+
+# Unpinning the last pin gives an archived record the expiry ARCHIVED / a read would have given it.
+PINS = EXPIRE_ARCHIVED + """
 local function pin(id)
   local key = 't:' .. id
   redis.call('HINCRBY', key, 'pn', 1)
@@ -37,14 +49,7 @@ local function unpin(id, ttl, unread_ms)
   if redis.call('EXISTS', key) == 0 then return end
   if redis.call('HINCRBY', key, 'pn', -1) <= 0 then
     redis.call('HDEL', key, 'pn')
-    if redis.call('HEXISTS', key, 'h') == 1 then
-      local rt = redis.call('HGET', key, 'rt')
-      if rt then
-        redis.call('PEXPIREAT', key, math.floor((tonumber(rt) + ttl) * 1000))
-      else
-        redis.call('PEXPIRE', key, unread_ms)
-      end
-    end
+    if redis.call('HEXISTS', key, 'h') == 1 then expire_archived(key, ttl, unread_ms) end
   end
 end
 local function unpin_all(csv, ttl, unread_ms)

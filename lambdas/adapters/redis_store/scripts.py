@@ -3,7 +3,7 @@ is an atomic compare-and-set that takes a whole batch at once, so a batch of 10,
 costs a handful of round trips. The key layout is in the package's docstring."""
 from __future__ import annotations
 
-from lambdas.adapters.redis_store.graph_scripts import PINS
+from lambdas.adapters.redis_store.graph_scripts import EXPIRE_ARCHIVED, PINS
 
 # Scripts that finish, read or archive work already accepted run even when Redis is at its
 # maxmemory (noeviction refuses other writes then): the service answers new submissions
@@ -351,21 +351,15 @@ return out
 
 # Records written to the durable history (lambdas/history.py): marked, counted and given
 # their expiry: result_ttl after their read (already past: gone now), else unretrieved_ttl.
-ARCHIVED = _ALLOW_OOM + """
+ARCHIVED = _ALLOW_OOM + EXPIRE_ARCHIVED + """
 local now, ttl, unread = tonumber(ARGV[1]), tonumber(ARGV[2]), math.floor(tonumber(ARGV[3]) * 1000)
 local n = 0
 for i = 4, #ARGV do
   local key = 't:' .. ARGV[i]
   if redis.call('EXISTS', key) == 1 and redis.call('HSET', key, 'h', 1) == 1 then
     n = n + 1
-    local rt = redis.call('HGET', key, 'rt')
-    if redis.call('HEXISTS', key, 'pn') == 1 then
-      -- a dependent still reads its result: the expiry comes with the last unpin
-    elseif rt then
-      redis.call('PEXPIREAT', key, math.floor((tonumber(rt) + ttl) * 1000))
-    else
-      redis.call('PEXPIRE', key, unread)
-    end
+    -- while a dependent will still read its result, the expiry comes with the last unpin
+    if redis.call('HEXISTS', key, 'pn') == 0 then expire_archived(key, ttl, unread) end
   end
 end
 redis.call('INCRBY', 'stats:archived', n)
