@@ -18,7 +18,7 @@ import yaml
 
 from skyfn import Client, Executor, TaskFailed
 from skyfn.http import SkyfnAPIError
-from tests.e2e.processes import stop
+from tests.e2e import processes
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NAME = "locked"
@@ -70,7 +70,7 @@ def locked_agent(local_home, client):
     state["start"], state["stop"] = start, stop
     yield state
     if state["proc"] is not None:
-        stop(state["proc"])
+        processes.stop(state["proc"])
     if "logf" in state and not state["logf"].closed:
         state["logf"].close()
 
