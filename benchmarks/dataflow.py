@@ -49,10 +49,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -241,23 +239,14 @@ def bench_skyfn(args) -> dict:
 # -- Parsl ------------------------------------------------------------------------------
 
 def bench_parsl(args) -> dict | None:
-    try:
-        import parsl
-        from parsl.config import Config
-        from parsl.executors import HighThroughputExecutor
-        from parsl.providers import LocalProvider
-    except ImportError:
-        return None
-    logging.getLogger("parsl").setLevel(logging.WARNING)
-    # HTEX starts interchange.py and process_worker_pool.py from PATH: the venv's bin.
-    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    run_dir = tempfile.mkdtemp(prefix="parsl-dataflow-")
-    config = Config(executors=[HighThroughputExecutor(label="htex", max_workers_per_node=args.workers,
-                                                      cores_per_worker=1,
-                                                      provider=LocalProvider(init_blocks=1, max_blocks=1))],
-                    run_dir=run_dir, initialize_logging=False)
+    from benchmarks import parsl_htex
+
     t0 = time.perf_counter()
-    dfk = parsl.load(config)
+    dfk = parsl_htex.load(args.workers, "parsl-dataflow-")
+    if dfk is None:
+        return None
+    import parsl
+
     inc_app, noop_app, total_app = (parsl.python_app(f) for f in (inc, noop, total_inputs))
 
     def chain(n):

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import statistics
 import sys
@@ -226,22 +225,14 @@ def bench_pool(tasks: int, rtt_n: int) -> dict:
 
 
 def bench_parsl(tasks: int, rtt_n: int) -> dict | None:
-    try:
-        import parsl
-        from parsl.config import Config
-        from parsl.executors import HighThroughputExecutor
-        from parsl.providers import LocalProvider
-    except ImportError:
-        return None
-    logging.getLogger("parsl").setLevel(logging.WARNING)
-    # HTEX starts interchange.py and process_worker_pool.py from PATH: the venv's bin.
-    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    run_dir = tempfile.mkdtemp(prefix="parsl-bench-")
-    config = Config(executors=[HighThroughputExecutor(label="htex", max_workers_per_node=2, cores_per_worker=1,
-                                                      provider=LocalProvider(init_blocks=1, max_blocks=1))],
-                    run_dir=run_dir, initialize_logging=False)
+    from benchmarks import parsl_htex
+
     t0 = time.perf_counter()
-    dfk = parsl.load(config)
+    dfk = parsl_htex.load(2, "parsl-bench-")
+    if dfk is None:
+        return None
+    import parsl
+
     app = parsl.python_app(noop)
     try:
         [app(i).result() for i in range(20)]

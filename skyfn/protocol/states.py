@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import Iterable, Optional
 
 
 class TaskState(str, enum.Enum):
@@ -120,11 +121,22 @@ def stage_latencies(events: list[tuple[str, float]]) -> dict[str, float]:
         s, e = last.get(str(start)), last.get(str(end))
         if s is not None and e is not None:
             out[name] = max(0.0, e - s)
-    waited = last.get(str(TaskState.WAITING))
-    if waited is not None:  # waiting ends at the release, the first QUEUED after it (a requeue is not waiting)
-        released = next((ts for state, ts in events if str(state) == TaskState.QUEUED.value and ts >= waited), None)
-        if released is not None:
-            out["waiting"] = max(0.0, released - waited)
+    span = wait_span(events)  # waiting ends at the release, the first QUEUED after it (a requeue is not waiting)
+    if span is not None and span[1] is not None:
+        out["waiting"] = max(0.0, span[1] - span[0])
     if "waiting" in out and "service" in out:  # the service's own time is what waiting leaves of it
         out["service"] = max(0.0, out["service"] - out["waiting"])
     return out
+
+
+def wait_span(events: Iterable) -> Optional[tuple[float, Optional[float]]]:
+    """(WAITING, the first QUEUED after it) from a task's events: None for a task that never
+    waited for inputs, end None while it still waits (or if it ended without being released)."""
+    start = end = None
+    for state, ts in events or ():
+        if state == TaskState.WAITING.value and start is None:
+            start = float(ts)
+        elif state == TaskState.QUEUED.value and start is not None:
+            end = float(ts)
+            break
+    return None if start is None else (start, end)

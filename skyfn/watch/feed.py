@@ -26,7 +26,8 @@ import time
 from typing import Any, Optional
 
 from skyfn.protocol.limits import MAX_STATUS_IDS, MAX_WAIT_SECONDS
-from skyfn.watch.tally import FINAL, Tally, wait_span
+from skyfn.protocol.states import wait_span
+from skyfn.watch.tally import FINAL, Tally
 
 log = logging.getLogger("skyfn.watch")
 

@@ -28,19 +28,6 @@ EXIT_OK, EXIT_FAILED, EXIT_RUNNING = 0, 1, 3
 MIN_SPAN = 1.0  # seconds: a rate over less time than this is noise
 
 
-def wait_span(events: Iterable) -> Optional[tuple[float, Optional[float]]]:
-    """(WAITING, the first QUEUED after it) from a task's events: None for a task that never
-    waited for inputs, end None while it still waits (or if it ended without being released)."""
-    start = end = None
-    for state, ts in events or ():
-        if state == WAITING and start is None:
-            start = float(ts)
-        elif state == TaskState.QUEUED.value and start is not None:
-            end = float(ts)
-            break
-    return None if start is None else (start, end)
-
-
 @dataclass(frozen=True)
 class Failure:
     task_id: str

@@ -174,14 +174,16 @@ def _send(store, endpoint_id: str, owner: str, extra: dict[str, Any], multi_user
           items: list[Released]) -> list[str]:
     """Send one endpoint's released dependents of one submitter; the ids dealt with (sent, or
     failed here because an input's result or the function is gone)."""
-    failed: list[list[Any]] = []
-    specs: list[dict[str, Any]] = []
+    done = [r.task_id for r in items]
     try:
         functions = registry.function_bodies(owner, {r.pack["spec"]["function_id"] for r in items})
     except NotFound as exc:  # a function deleted while its callers waited
-        functions = None
-        failed = [[r.task_id, "FAILED", None, None, f"could not be sent: {exc.message}", ""] for r in items]
-    for r in items if functions is not None else ():
+        push.notify(store.finish([[tid, "FAILED", None, None, f"could not be sent: {exc.message}", ""]
+                                  for tid in done])[3])
+        return done
+    failed: list[list[Any]] = []
+    specs: list[dict[str, Any]] = []
+    for r in items:
         spec, why = _released_spec(owner, r)
         if spec is None:
             failed.append([r.task_id, "FAILED", None, None, why, ""])
@@ -193,7 +195,7 @@ def _send(store, endpoint_id: str, owner: str, extra: dict[str, Any], multi_user
         queue.send(list(pack_specs(endpoint_id, specs, bodies, functions, owner, extra)))
     if failed:
         push.notify(store.finish(failed)[3])
-    return [r.task_id for r in items]
+    return done
 
 
 def _released_spec(owner: str, r: Released) -> tuple[dict[str, Any] | None, str]:
