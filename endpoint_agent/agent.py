@@ -30,7 +30,9 @@ from endpoint_agent.service.link import Heartbeater, ServiceLink
 from endpoint_agent.service.outbox import Outbox
 from endpoint_agent.service.poller import ControlPoller, Poller
 from endpoint_agent.status import write_status
+from skyfn import gc_tuning
 from skyfn.protocol.api import QueueDescriptor
+from skyfn.protocol.dataflow import PARK_FEATURE
 
 log = logging.getLogger("skyfn.agent")
 
@@ -321,7 +323,8 @@ class Agent:
         if self.link is not None:  # at once: the first heartbeat publishes the direct socket (sessions can open)
             self.heartbeater = Heartbeater(self.link, self.endpoint_id, cfg.heartbeat_period, self.stats,
                                            allowed=self.allowed_report(),
-                                           direct=ix.direct.info() if ix.direct is not None else None)
+                                           direct=ix.direct.info() if ix.direct is not None else None,
+                                           features=[PARK_FEATURE] if cfg.local_results_mb > 0 else None)
             self.heartbeater.start()
         self._start_managers(ix)
         self.poller = Poller(poll_queue, capacity=ix.capacity, receive_batch=cfg.receive_batch,
@@ -337,6 +340,7 @@ class Agent:
             except Exception as exc:  # noqa: BLE001 - cancels then only stop queued tasks at the service
                 log.error("cannot open the control queue (%s): cancels will not reach running tasks", exc)
         self.state = "running"
+        gc_tuning.settle()
         log.info("endpoint %s running: %d workers, capacity %d tasks, consumer %s", self.endpoint_id,
                  cfg.workers, cfg.capacity, self.consumer)
         lease_every = cfg.lease_seconds / 3.0

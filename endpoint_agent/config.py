@@ -51,6 +51,7 @@ ALLOWED: dict[str, str] = {
     "receive_wait": "a number of seconds from 0 to 20",
     "result_flush_ms": "a number of milliseconds from 0 to 10000",
     "result_batch": "an integer from 1 to 10000",
+    "local_results_mb": "a number of MiB from 0 to 65536 (0: dependents always go through the service)",
     "grace_period": "a number of seconds from 0 to 86400",
     "max_task_retries": "an integer from 0 to 100",
     "log_level": "one of: DEBUG, INFO, WARNING, ERROR",
@@ -131,6 +132,9 @@ class EndpointConfig(BaseModel):
     receive_wait: float = Field(default=1.0, ge=0, le=20)
     result_flush_ms: float = Field(default=5.0, ge=0, le=10000)
     result_batch: int = Field(default=500, ge=1, le=10000)
+    # Results of this agent's tasks kept for dependents sent ahead of their inputs
+    # (interchange/parked.py); a result over an eighth of this goes through the service.
+    local_results_mb: float = Field(default=64.0, ge=0, le=65536)
     grace_period: float = Field(default=30.0, ge=0, le=86400)
     max_task_retries: int = Field(default=1, ge=0, le=100)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
@@ -354,6 +358,7 @@ provider: local            # allowed: local, slurm, pbs
 # receive_wait: 1          # long-poll wait, seconds (also bounds how long a stop waits for it)
 # result_batch: 500        # results per result message at most
 # result_flush_ms: 5       # results are sent at most this long after the previous send
+# local_results_mb: 64     # results kept here for dependents released on this endpoint
 # heartbeat_period: 10     # seconds between heartbeats to the service
 
 # --- Interchange and managers ----------------------------------------------------

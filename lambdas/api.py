@@ -210,7 +210,8 @@ def heartbeat(endpoint_id: IdPath, body: Annotated[Heartbeat, Body()]):
     allowed = body.allowed_functions if "allowed_functions" in body.model_fields_set else ...
     return _json(200, registry.heartbeat(_user(), endpoint_id, body.stats,
                                          agent_endpoint=app.context["identity"].endpoint_id,
-                                         allowed=allowed, direct=body.direct).model_dump())
+                                         allowed=allowed, direct=body.direct,
+                                         features=body.features).model_dump())
 
 
 @app.post("/endpoints/<endpoint_id>/sessions", responses={**_ok(201, SessionOpened),

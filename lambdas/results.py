@@ -22,7 +22,7 @@ from lambdas.core import deps
 from lambdas.core.identity import lanes
 from lambdas.core.tasks import blobs, dataflow, direct_results, push, stage_metrics
 from skyfn.protocol.lanes import is_sealed
-from skyfn.protocol.messages import ResultPack
+from skyfn.protocol.messages import UNPARK, ResultPack
 from skyfn.protocol.states import format_events
 
 logger = Logger(service="skyfn-results")
@@ -34,7 +34,11 @@ def apply_pack(pack: ResultPack) -> tuple[int, int, int]:
     """Store a pack's progress updates and results; returns (stored, duplicates, unknown)."""
     store = deps.store()
     if pack.updates:
-        store.progress([[u.task_id, u.state, u.ts, u.lease_seconds] for u in pack.updates], pack.endpoint_id)
+        unparked = [u.task_id for u in pack.updates if u.state == UNPARK]
+        store.progress([[u.task_id, u.state, u.ts, u.lease_seconds] for u in pack.updates if u.state != UNPARK],
+                       pack.endpoint_id)
+        if unparked:
+            dataflow.unpark(pack.endpoint_id, unparked, store)
     if not pack.results:
         return 0, 0, 0
     rows = [[r.task_id, r.state, r.result, r.error, r.reason, format_events(r.events), r.stdout, r.stderr]

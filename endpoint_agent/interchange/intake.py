@@ -7,8 +7,9 @@ here, with a result and never dispatched: a function outside `allowed_functions`
 body is not even kept), a function whose body is not in the pack, and a task with
 GlobusFiles on an endpoint without data staging. Packs of direct sessions (endpoint_agent.direct) come
 the same way, with a DirectReceipt. A task cancelled before it arrived is
-dropped on arrival. A cancel drops a pending task, and asks the manager holding a
-dispatched one to drop or kill it; either way the task counts as done for its pack, with
+dropped on arrival. A dependent sent ahead of its inputs (`after`) is held by the
+ParkedTasks (parked.py) instead of pending. A cancel drops a pending or parked task, and
+asks the manager holding a dispatched one to drop or kill it; either way the task counts as done for its pack, with
 no result (the service already marked it CANCELLED). The methods take the interchange's
 state (state.py).
 """
@@ -32,6 +33,16 @@ from skyfn.protocol import blobs
 log = logging.getLogger("skyfn.agent.interchange")
 
 EARLY_CANCEL_TTL_S = 3600.0
+
+
+def task_route(spec, placed: bool) -> tuple:
+    """The pending queue of a task: (container type, cores, GPUs), plus the function tag when
+    a placement policy decides per tag."""
+    res = spec.resources
+    cores = int(res.get("cores") or 0) if res else 0
+    gpus = int(res.get("gpus") or 0) if res else 0
+    route = (spec.container or wire.NO_CONTAINER, cores if cores > 1 or gpus else 0, gpus)
+    return route + (spec.tag,) if placed else route
 
 
 class Intake:
@@ -105,18 +116,17 @@ class Intake:
                 payload = spec.payload if spec.payload_url is None else blobs.make_ref(spec.payload_url)
                 if (spec.stage_in or spec.stage_out) and self.stage(st, key, spec, payload, seq, recv_ts):
                     continue
-                if spec.container is None and not res and not placed:
+                if spec.container is None and not res and not placed and spec.after is None:
                     tasks[key] = [spec.task_id, spec.function_id, payload, spec.walltime, seq, recv_ts, 0,
                                   PLAIN, None]
                     plain.append(key)
                     st.n_pending += 1
                     continue
-                cores = int(res.get("cores") or 0) if res else 0
-                gpus = int(res.get("gpus") or 0) if res else 0
-                route = (spec.container or wire.NO_CONTAINER, cores if cores > 1 or gpus else 0, gpus)
-                if placed:  # the policy decides per function tag
-                    route += (spec.tag,)
-                t = [spec.task_id, spec.function_id, payload, spec.walltime, seq, recv_ts, 0, route, None]
+                t = [spec.task_id, spec.function_id, payload, spec.walltime, seq, recv_ts, 0,
+                     task_route(spec, placed), None]
+                if spec.after:  # sent ahead of its inputs: held until their results are here (parked.py)
+                    st.parked.admit(st, key, t, spec.after)
+                    continue
                 tasks[key] = t
                 st._pend(key, t)
 
@@ -128,13 +138,8 @@ class Intake:
             self.out.add(st, {"task_id": spec.task_id, "state": "FAILED",
                               "reason": no_staging_reason(st.endpoint_id), "events": [["DISPATCHED", recv_ts]]}, seq)
             return True
-        res = spec.resources
-        cores = int(res.get("cores") or 0) if res else 0
-        gpus = int(res.get("gpus") or 0) if res else 0
-        route = (spec.container or wire.NO_CONTAINER, cores if cores > 1 or gpus else 0, gpus)
-        if st.placement is not None:
-            route += (spec.tag,)
-        t = [spec.task_id, spec.function_id, payload, spec.walltime, seq, recv_ts, 0, route, None]
+        t = [spec.task_id, spec.function_id, payload, spec.walltime, seq, recv_ts, 0,
+             task_route(spec, st.placement is not None), None]
         st.tasks[key] = t
         if not st.staging.admit(key, t, spec):
             st._pend(key, t)
@@ -148,7 +153,8 @@ class Intake:
         for tid in want:
             key = found.get(tid)
             if key is None:
-                self.early_cancel[tid] = mono + EARLY_CANCEL_TTL_S
+                if st.parked is None or not st.parked.cancel(st, tid):  # a parked one is dropped; else it may yet arrive
+                    self.early_cancel[tid] = mono + EARLY_CANCEL_TTL_S
                 continue
             t = st.tasks.pop(key)
             st.cancelled += 1

@@ -17,6 +17,8 @@ IxState, state.py; the Interchange is one):
                     placement.py, with an aAPP `placement_policy`);
   - results.py      results and updates batched into ResultPack bodies to the outbox,
                     with the acks of the packs done;
+  - parked.py       dependents sent ahead of their inputs, released when the inputs'
+                    results are here (or handed back to the service);
   - endpoint_agent.direct  with `direct:` configured, the socket SDKs of direct
                     sessions send task packs to (in the same poller) and get their results from.
 Records are plain dicts/lists and bodies orjson: the wire shape is exactly
@@ -45,6 +47,7 @@ from endpoint_agent.config import EndpointConfig, is_loopback
 from endpoint_agent.interchange.dispatch import Dispatcher
 from endpoint_agent.interchange.intake import EARLY_CANCEL_TTL_S, Intake  # noqa: F401 - re-exported
 from endpoint_agent.interchange.managers import ManagerRegistry
+from endpoint_agent.interchange.parked import ParkedTasks
 from endpoint_agent.interchange.results import (  # noqa: F401 - re-exported
     RUNNING_UPDATE, UPDATES_PER_BODY, ResultBatcher,
 )
@@ -128,6 +131,7 @@ class Interchange(IxState):
         self.intake = Intake(config, endpoint_id, self.out)
         self.registry = ManagerRegistry(config, self.out)
         self.dispatcher = Dispatcher(self.out)
+        self.parked = ParkedTasks(config.local_results_mb, self.out)
         self.direct = None
         if config.direct is not None:
             if key_dir is None:
@@ -314,6 +318,8 @@ class Interchange(IxState):
         if mono >= self.next_manager_check:
             self.next_manager_check = mono + MANAGER_CHECK_S
             self.registry.check_managers(self, mono)
+        if self.parked.held and mono >= self.parked.next_check:
+            self.parked.check(self, mono)
         if self.n_pending:
             self.dispatcher.dispatch(self)
         out.maybe_flush(self, mono)

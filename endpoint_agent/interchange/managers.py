@@ -322,7 +322,8 @@ class ManagerRegistry:
                 "workers": sum(m["workers"] for m in managers),
                 "free_workers": sum(m["free_workers"] for m in managers if not m["draining"]),
                 "managers": managers, "blocks": blocks, "address": st.public_address,
-                "encrypted": st.server_key is not None}
+                "encrypted": st.server_key is not None,
+                "dataflow": st.parked.snapshot() if st.parked is not None else {}}
 
     def block_snapshot(self, st: IxState) -> dict[str, Any]:
         """{"pending", "blocks": {block: {"managers", "workers", "free", "tasks", "last_busy"}}}"""

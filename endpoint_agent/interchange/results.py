@@ -69,7 +69,7 @@ class ResultBatcher:
                 rec["stderr"] = err
             if st.staging is not None and st.staging.result(key, t, rec):
                 continue  # held while its GlobusFile outputs are sent (endpoint_agent/data/staging.py)
-            self.add(st, rec, t[T_PACK])
+            self.add(st, rec, t[T_PACK], result)
         if not assigned:
             m.last_busy = time.monotonic()
         st._room()
@@ -86,10 +86,18 @@ class ResultBatcher:
                 self.updates.append({"task_id": t[T_ID], "state": RUNNING_UPDATE, "ts": ts, "lease_seconds": lease})
 
     # --- outcomes -----------------------------------------------------------------
-    def add(self, st: IxState, rec: dict, pack: int) -> None:
-        """A task's final record; `pack` is the sequence number of its pack."""
+    def add(self, st: IxState, rec: dict, pack: int, raw: str | None = None) -> None:
+        """A task's final record; `pack` is the sequence number of its pack; `raw` its result
+        as the worker gave it (before a large one went to S3)."""
         if st.staging is not None and st.staging.held:
             st.staging.settle(rec)
+        parked = st.parked
+        if parked is not None and parked.active:  # dependents parked here (parked.py): released with this result, or handed back
+            if parked.released_at:
+                queued = parked.released_at.pop(rec["task_id"], None)
+                if queued is not None:
+                    rec["events"].insert(0, ["QUEUED", queued])
+            parked.on_outcome(st, rec["task_id"], rec["state"], rec.get("result") if raw is None else raw)
         if not self.results:
             self.first_buffered = time.monotonic()
         if rec["state"] == "SUCCEEDED":

@@ -109,6 +109,7 @@ class IxState:
         self.room_event = None  # set by the agent to the poller's event
         self.placement = None   # an aAPP ManagerPlacement (placement.py) instead of the built-in routing
         self.staging = None     # a TaskStaging (endpoint_agent/data/staging.py) when data: globus is configured
+        self.parked = None      # the ParkedTasks (parked.py): dependents sent ahead of their inputs
 
         self.completed = 0
         self.failed = 0

@@ -116,10 +116,13 @@ class ServiceLink:
             delay = min(BACKOFF_MAX_S, delay * 2)
 
     def heartbeat(self, endpoint_id: str, stats: dict[str, Any], allowed: Any = ...,
-                  direct: dict[str, str] | None = None) -> dict[str, Any]:
+                  direct: dict[str, str] | None = None, features: list[str] | None = None) -> dict[str, Any]:
         """`allowed`: the allowlist to report (None: any function); not given: not reported.
-        `direct`: the agent's DirectInfo (skyfn.protocol.api), with every heartbeat while it takes sessions."""
+        `direct`: the agent's DirectInfo (skyfn.protocol.api), with every heartbeat while it takes sessions.
+        `features`: what this agent understands beyond the base protocol (Heartbeat.features)."""
         fields: dict[str, Any] = {"stats": stats}
+        if features:
+            fields["features"] = features
         if allowed is not ...:
             fields["allowed_functions"] = allowed
         if direct is not None:
@@ -150,8 +153,9 @@ class Heartbeater(threading.Thread):
     backoff capped at the period, and logs once per outage rather than per attempt."""
 
     def __init__(self, link: ServiceLink, endpoint_id: str, period: float, stats: Callable[[], dict[str, Any]],
-                 allowed: Any = ..., direct: dict[str, str] | None = None):
+                 allowed: Any = ..., direct: dict[str, str] | None = None, features: list[str] | None = None):
         super().__init__(name="skyfn-heartbeat", daemon=True)
+        self.features = features  # Heartbeat.features
         self.allowed = allowed  # the allowlist reported with each heartbeat (... : none reported)
         self.direct = direct    # DirectInfo of the direct socket, with each heartbeat (holds a secret: not logged)
         self.link = link
@@ -168,7 +172,7 @@ class Heartbeater(threading.Thread):
         down_since: float | None = None
         while not self._halt.wait(wait):
             try:
-                self.link.heartbeat(self.endpoint_id, self.stats(), self.allowed, self.direct)
+                self.link.heartbeat(self.endpoint_id, self.stats(), self.allowed, self.direct, self.features)
                 self.sent += 1
                 if down_since is not None:
                     log.info("service reachable again after %.0f s", time.monotonic() - down_since)

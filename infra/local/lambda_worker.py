@@ -18,6 +18,8 @@ import struct
 import sys
 import traceback
 
+from skyfn import gc_tuning
+
 _LEN = struct.Struct(">Q")
 
 
@@ -65,6 +67,7 @@ def main(argv: list[str]) -> int:
         return 1
     from infra.local.events import LocalLambdaContext
 
+    gc_tuning.settle()
     write_frame(answers, ("ready", os.getpid()))
     while True:
         request = read_frame(requests)

@@ -21,6 +21,7 @@ import threading
 from infra.local.event_source import EventSourceMapping, redis_results_queue
 from infra.local.gateway import Gateway
 from infra.local.scheduler import Scheduler, default_schedules
+from skyfn import gc_tuning
 
 log = logging.getLogger("skyfn.local.serve")
 
@@ -158,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         service = Service(record["redis_url"], port=record["gateway_port"],
                           api_workers=tuple(record.get("api_workers", (2, 16))), **settings)
         service.start()
+        gc_tuning.settle()
         log.info("serving %s as its templates describe it on %s (pid %d)", record["from_templates"], service.url,
                  os.getpid())
         serve_until_signalled(service)
@@ -170,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     service = Service(record["redis_url"], port=record["gateway_port"],
                       api_workers=tuple(record.get("api_workers", (2, 16))))
     service.start()
+    gc_tuning.settle()
     log.info("serving on %s (pid %d)", service.url, os.getpid())
     serve_until_signalled(service)
     return 0

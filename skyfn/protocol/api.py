@@ -145,6 +145,10 @@ class Heartbeat(_Body):
         description="the agent's allowlist as it stands (null: any function); left as it was when absent")
     direct: Optional[DirectInfo] = Field(
         default=None, description="the agent's direct socket (skyfn.protocol.direct); absent: it takes no sessions")
+    features: Optional[list[Annotated[str, Field(min_length=1, max_length=32)]]] = Field(
+        default=None, max_length=16,
+        description="what the agent understands beyond the base protocol: 'park' (dependents sent ahead of their "
+                    "inputs, TaskSpec.after; skyfn.protocol.dataflow); unknown names are ignored")
 
 
 class OpenSession(_Body):

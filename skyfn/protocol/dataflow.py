@@ -13,6 +13,12 @@ An envelope is ``"dataflow 1\\n"`` followed by JSON ``{"args": <argument buffer>
 "inputs": [entry, ...]}``; an entry is ``{"task_id": id, "result": <result buffer>}`` or,
 for a result kept in S3, ``{"task_id": id, "url": <presigned GET>}``. An argument buffer
 kept in S3 is ``"args"``: its blob reference, with ``"args_url"``: a presigned GET.
+
+A dependent whose unfinished inputs all run on its own endpoint is *parked*: the service
+sends it at once, with ``TaskSpec.after`` naming those inputs and a ``{"task_id": id,
+"local": true}`` entry in their places; the agent fills each from the result it got from
+its own worker (``fill_local``) and runs the task with no trip through the service, or
+hands it back (an UNPARK update) when it cannot.
 """
 from __future__ import annotations
 
@@ -71,6 +77,23 @@ def make_envelope(args: str, inputs: list[dict[str, str]], args_url: str | None 
     body: dict[str, Any] = {"args": args, "inputs": inputs}
     if args_url:
         body["args_url"] = args_url
+    return ENVELOPE_HEADER + json.dumps(body, separators=(",", ":"))
+
+
+PARK_FEATURE = "park"  # what an agent that releases parked dependents reports (Heartbeat.features)
+
+
+def local_entry(task_id: str) -> dict[str, Any]:
+    """The entry of an input whose result the agent of the dependent's endpoint puts in."""
+    return {"task_id": task_id, "local": True}
+
+
+def fill_local(payload: str, result_of: Callable[[str], str]) -> str:
+    """The envelope `payload` with each local entry's result put in: result_of(task id)."""
+    body = open_envelope(payload)
+    for entry in body["inputs"]:
+        if entry.pop("local", False):
+            entry["result"] = result_of(entry["task_id"])
     return ENVELOPE_HEADER + json.dumps(body, separators=(",", ":"))
 
 

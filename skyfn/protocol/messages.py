@@ -35,6 +35,9 @@ class TaskSpec(_Msg):
                                                      "arguments the agent stages in first (endpoint_agent/staging.py)")
     stage_out: Optional[list[dict[str, str]]] = Field(default=None, description="[{collection, path}]: GlobusFile "
                                                       "outputs the agent stages out after the task")
+    after: Optional[list[str]] = Field(default=None, description="a dependent sent ahead of its inputs (parked, "
+                                       "skyfn.protocol.dataflow): the input tasks, routed to this endpoint, whose "
+                                       "results the agent puts in the envelope's `local` entries before it runs")
 
 
 class SubmitterIdentity(_Msg):
@@ -65,11 +68,17 @@ class TaskPack(_Msg):
                                                   "multi-user endpoint's user config template (JSON data)")
 
 
+UNPARK = "UNPARK"
+
+
 class TaskUpdate(_Msg):
-    """Progress of a task that has not finished yet. LEASE extends the lease only."""
+    """Progress of a task that has not finished yet. LEASE extends the lease only. UNPARK
+    hands a parked dependent back to the service: the agent cannot release it (an input's
+    result is not here, or did not succeed) and drops it; the service sends it again once
+    its inputs are done, with their results (skyfn.protocol.dataflow)."""
 
     task_id: str
-    state: Literal["DISPATCHED", "RUNNING", "LEASE"]
+    state: Literal["DISPATCHED", "RUNNING", "LEASE", "UNPARK"]
     ts: float
     lease_seconds: float = 60.0
 

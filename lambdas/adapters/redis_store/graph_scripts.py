@@ -11,7 +11,11 @@ Keys and fields (besides the package docstring's):
   w:<task>   list of the dependents waiting for it (one entry per edge)
   settled    list of tasks with dependents that reached a final state: SETTLE tells the
              dependents (release on SUCCEEDED; FAILED / CANCELLED along the edges otherwise)
-  release    list of dependents whose inputs all SUCCEEDED (now QUEUED), to send
+             pk  1 while the dependent is parked: sent to its endpoint ahead of its inputs,
+                 which all run there, for the agent to release (it keeps wp and its pins
+                 until it ends, or until the agent hands it back: UNPARK)
+  release    list of dependents whose inputs all SUCCEEDED (now QUEUED), to send; and of
+             parked dependents (still WAITING), to send ahead
   releasing  zset task -> deadline: taken by a sender; back to `release` if not sent by then
 
 Everything a client adds here has an owner that ends it: a dependent ends with its inputs'
@@ -54,6 +58,20 @@ local function unpin(id, ttl, unread_ms)
 end
 local function unpin_all(csv, ttl, unread_ms)
   for input in string.gmatch(csv or '', '[^,]+') do unpin(input, ttl, unread_ms) end
+end
+"""
+
+# A parked dependent that ends (or is sent again in full) drops its park, and with its pack
+# its pins (the pack goes with the pins: RELEASE_TAKE may have dropped both already).
+DROP_PARK = PINS + """
+local function drop_park(key, ttl, unread_ms)
+  local g = redis.call('HMGET', key, 'pk', 'wp', 'in')
+  if not g[1] then return end
+  redis.call('HDEL', key, 'pk')
+  if g[2] then
+    redis.call('HDEL', key, 'wp', 'dn')
+    unpin_all(g[3], ttl, unread_ms)
+  end
 end
 """
 
@@ -106,10 +124,12 @@ end
 """
 
 # Tasks with inputs: rows [task_id, function_id, endpoint_id, max_retries, tag, [inputs],
-# pack JSON], created if absent, in order (an input may be an earlier row). An input that
-# ended otherwise than SUCCEEDED, or is gone, ends the task at once; otherwise each input is
-# pinned, each unfinished one gets an edge, and the task is WAITING, or QUEUED and put on
-# `release` when all its inputs had SUCCEEDED. Returns {created, released, notices}.
+# pack JSON, parkable], created if absent, in order (an input may be an earlier row). An
+# input that ended otherwise than SUCCEEDED, or is gone, ends the task at once; otherwise
+# each input is pinned, each unfinished one gets an edge, and the task is WAITING, or QUEUED
+# and put on `release` when all its inputs had SUCCEEDED. A parkable task (a single-user
+# endpoint's) whose unfinished inputs all go to its own endpoint is parked: WAITING, and on
+# `release` to be sent ahead. Returns {created, released, notices}.
 WAIT = _FINAL + PINS + _REASONS + _ANNOUNCE + _READY + """
 local rows = cjson.decode(ARGV[1])
 local now, owner, sub = ARGV[2], ARGV[3], ARGV[4]
@@ -118,9 +138,9 @@ local created, released = 0, 0
 for _, t in ipairs(rows) do
   local key = 't:' .. t[1]
   if redis.call('EXISTS', key) == 0 then
-    local states, bad = {}, nil
+    local states, ends, bad = {}, {}, nil
     for j, input in ipairs(t[6]) do
-      local v = redis.call('HMGET', 't:' .. input, 's', 'o', 'why', 'err')
+      local v = redis.call('HMGET', 't:' .. input, 's', 'o', 'why', 'err', 'e')
       if not v[1] or v[2] ~= owner then
         bad = {input, 'EXPIRED', 'its record is no longer kept', false}
       elseif v[1] ~= 'SUCCEEDED' and FINAL[v[1]] then
@@ -128,6 +148,7 @@ for _, t in ipairs(rows) do
       end
       if bad then break end
       states[j] = v[1]
+      ends[j] = v[5]
     end
     local f = {'o', owner, 'f', t[2], 'e', t[3], 'sub', sub, 'r', 0, 'mr', t[4], 'c', now,
                'in', table.concat(t[6], ',')}
@@ -143,13 +164,14 @@ for _, t in ipairs(rows) do
       redis.call('RPUSH', 'outbox', t[1])
       ended[#ended + 1] = {t[1], state, why, bad[4], owner}
     else
-      local pending = 0
+      local pending, park = 0, t[8] == true and t[3] ~= ''
       for j, input in ipairs(t[6]) do
         pin(input)
         if states[j] ~= 'SUCCEEDED' then
           redis.call('RPUSH', 'w:' .. input, t[1])
           redis.call('HSET', 't:' .. input, 'wd', 1)
           pending = pending + 1
+          if ends[j] ~= t[3] then park = false end
         end
       end
       for _, x in ipairs({'s', 'WAITING', 'dn', pending, 'wp', t[7], 'ev', 'CREATED@' .. now .. ';WAITING@' .. now .. ';'}) do
@@ -158,6 +180,10 @@ for _, t in ipairs(rows) do
       redis.call('HSET', key, unpack(f))
       if pending == 0 then
         ready(t[1], now)
+        released = released + 1
+      elseif park then
+        redis.call('HSET', key, 'pk', 1)
+        redis.call('RPUSH', 'release', t[1])
         released = released + 1
       end
     end
@@ -177,10 +203,10 @@ return {created, released, announce(ended)}
 """
 
 # Tells the dependents of up to ARGV[2] settled tasks: SUCCEEDED counts an input off (QUEUED
-# and on `release` at the last); any other end (or a record gone) ends the WAITING ones too,
-# which settle in turn when they have dependents of their own. Returns {settled, released,
-# notices, left on `settled`}.
-SETTLE = _ALLOW_OOM + _FINAL + PINS + _REASONS + _ANNOUNCE + _READY + """
+# and on `release` at the last, unless parked: its agent releases it); any other end (or a
+# record gone) ends the WAITING ones too, which settle in turn when they have dependents of
+# their own. Returns {settled, released, notices, left on `settled`}.
+SETTLE = _ALLOW_OOM + _FINAL + DROP_PARK + _REASONS + _ANNOUNCE + _READY + """
 local now, limit = ARGV[1], tonumber(ARGV[2])
 local ttl, unread_ms = tonumber(ARGV[3]), math.floor(tonumber(ARGV[4]) * 1000)
 local ids = redis.call('LPOP', 'settled', limit)
@@ -194,10 +220,10 @@ for _, id in ipairs(ids) do
   if v[1] then redis.call('HDEL', key, 'wd') end
   for _, d in ipairs(deps) do
     local dk = 't:' .. d
-    local dv = redis.call('HMGET', dk, 's', 'o', 'ev', 'in', 'wd')
+    local dv = redis.call('HMGET', dk, 's', 'o', 'ev', 'in', 'wd', 'pk')
     if dv[1] == 'WAITING' then
       if v[1] == 'SUCCEEDED' then
-        if redis.call('HINCRBY', dk, 'dn', -1) <= 0 then
+        if redis.call('HINCRBY', dk, 'dn', -1) <= 0 and not dv[6] then
           ready(d, now)
           released = released + 1
         end
@@ -208,7 +234,7 @@ for _, id in ipairs(ids) do
         local f = {'s', state, 'why', why, 'ev', (dv[3] or '') .. state .. '@' .. now .. ';'}
         if v[2] then f[#f + 1] = 'err'; f[#f + 1] = v[2] end
         redis.call('HSET', dk, unpack(f))
-        redis.call('HDEL', dk, 'wp', 'dn')
+        redis.call('HDEL', dk, 'wp', 'dn', 'pk')
         unpin_all(dv[4], ttl, unread_ms)
         redis.call('RPUSH', 'outbox', d)
         if dv[5] then redis.call('RPUSH', 'settled', d) end
@@ -221,8 +247,9 @@ return {#ids, released, announce(ended), redis.call('LLEN', 'settled')}
 """
 
 # Takes up to ARGV[2] released tasks to send, each held in `releasing` for ARGV[3] s: for each
-# {task_id, owner, endpoint, pack JSON, inputs csv, {input results (false: gone)}}. One that
-# moved on meanwhile (cancelled; or sent, and its sender died before saying so) is let go.
+# {task_id, owner, endpoint, pack JSON, inputs csv, {input results (false: gone; for a parked
+# task, not SUCCEEDED yet)}, parked}. One that moved on meanwhile (cancelled; or sent, and its
+# sender died before saying so) is let go.
 RELEASE_TAKE = _ALLOW_OOM + PINS + """
 local now, limit, hold = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local ttl, unread_ms = tonumber(ARGV[4]), math.floor(tonumber(ARGV[5]) * 1000)
@@ -230,15 +257,17 @@ local ids = redis.call('LPOP', 'release', limit)
 if not ids then return {} end
 local out = {}
 for _, id in ipairs(ids) do
-  local v = redis.call('HMGET', 't:' .. id, 's', 'o', 'e', 'wp', 'in')
-  if v[1] == 'QUEUED' and v[4] then
+  local v = redis.call('HMGET', 't:' .. id, 's', 'o', 'e', 'wp', 'in', 'pk')
+  local parked = v[1] == 'WAITING' and v[6]
+  if (v[1] == 'QUEUED' or parked) and v[4] then
     redis.call('ZADD', 'releasing', now + hold, id)
     local results = {}
     for input in string.gmatch(v[5] or '', '[^,]+') do
-      results[#results + 1] = redis.call('HGET', 't:' .. input, 'res') or false
+      local r = redis.call('HMGET', 't:' .. input, 's', 'res')
+      results[#results + 1] = ((not parked or r[1] == 'SUCCEEDED') and r[2]) or false
     end
-    out[#out + 1] = {id, v[2], v[3], v[4], v[5], results}
-  elseif v[4] then
+    out[#out + 1] = {id, v[2], v[3], v[4], v[5], results, parked and 1 or 0}
+  elseif v[4] and not v[6] then
     redis.call('HDEL', 't:' .. id, 'wp')
     unpin_all(v[5], ttl, unread_ms)
   end
@@ -246,15 +275,18 @@ end
 return out
 """
 
-# Sent: the pack is dropped and the inputs unpinned (once: a second call finds no pack).
+# Sent: the pack is dropped and the inputs unpinned (once: a second call finds no pack); a
+# parked task keeps both until it ends or comes back (UNPARK).
 RELEASED = _ALLOW_OOM + PINS + """
 local ttl, unread_ms = tonumber(ARGV[1]), math.floor(tonumber(ARGV[2]) * 1000)
 local n = 0
 for i = 3, #ARGV do
   local key = 't:' .. ARGV[i]
   redis.call('ZREM', 'releasing', ARGV[i])
-  local v = redis.call('HMGET', key, 'wp', 'in')
-  if v[1] then
+  local v = redis.call('HMGET', key, 'wp', 'in', 'pk')
+  if v[3] then
+    n = n + 1
+  elseif v[1] then
     redis.call('HDEL', key, 'wp')
     unpin_all(v[2], ttl, unread_ms)
     n = n + 1
@@ -271,4 +303,35 @@ for _, id in ipairs(ids) do
   redis.call('RPUSH', 'release', id)
 end
 return #ids
+"""
+
+# Parked dependents their agent (of endpoint ARGV[2]: only its own) handed back (ARGV[3..]):
+# no longer parked. One still waiting
+# for an input stays WAITING (SETTLE releases it); one whose inputs are done, or that its
+# agent had started and lost, is QUEUED and put on `release`, to be sent with its inputs'
+# results. Ended ones are left alone. Returns how many were put on `release`.
+UNPARK = _ALLOW_OOM + _READY + """
+local now, from = ARGV[1], ARGV[2]
+local n = 0
+for i = 3, #ARGV do
+  local id = ARGV[i]
+  local key = 't:' .. id
+  local v = redis.call('HMGET', key, 's', 'pk', 'dn', 'ev', 'wp', 'e')
+  if v[6] ~= from then v[2] = false end
+  if v[2] then redis.call('HDEL', key, 'pk') end
+  if v[2] and v[5] then
+    if v[1] == 'WAITING' then
+      if tonumber(v[3] or '0') <= 0 then
+        ready(id, now)
+        n = n + 1
+      end
+    elseif v[1] == 'QUEUED' or v[1] == 'DISPATCHED' or v[1] == 'RUNNING' then
+      redis.call('ZREM', 'leases', id)
+      if v[1] ~= 'QUEUED' then redis.call('HSET', key, 's', 'QUEUED', 'ev', (v[4] or '') .. 'QUEUED@' .. now .. ';') end
+      redis.call('RPUSH', 'release', id)
+      n = n + 1
+    end
+  end
+end
+return n
 """

@@ -3,7 +3,7 @@ is an atomic compare-and-set that takes a whole batch at once, so a batch of 10,
 costs a handful of round trips. The key layout is in the package's docstring."""
 from __future__ import annotations
 
-from lambdas.adapters.redis_store.graph_scripts import EXPIRE_ARCHIVED, PINS
+from lambdas.adapters.redis_store.graph_scripts import DROP_PARK, EXPIRE_ARCHIVED, PINS
 
 # Scripts that finish, read or archive work already accepted run even when Redis is at its
 # maxmemory (noeviction refuses other writes then): the service answers new submissions
@@ -83,18 +83,20 @@ end
 
 # A final state is written once; duplicates (redelivered packs) are counted and ignored.
 # One HMGET and one HSET per task; the leases, outbox and load updates once per batch.
-FINISH = _ALLOW_OOM + _BULK + _PREV + """
+FINISH = _ALLOW_OOM + _BULK + _PREV + DROP_PARK + """
 local rows = cjson.decode(ARGV[1])
 local now = ARGV[2]
+local unread_ms = math.floor(tonumber(ARGV[3]) * 1000)
 local from = ARGV[4] or ''
+local ttl = tonumber(ARGV[6] or '0')
 local done, owners = {}, {}
 local ended, unload = {}, {}
 local stored, dup, unknown = 0, 0, 0
 for i, r in ipairs(rows) do
   local key = 't:' .. r[1]
-  local v = redis.call('HMGET', key, 's', 'e', 'ev', 'o', 'tg', 'mk', 'wd')
+  local v = redis.call('HMGET', key, 's', 'e', 'ev', 'o', 'tg', 'mk', 'wd', 'pk')
   local s = v[1]
-  if not s or s == 'WAITING' or (from ~= '' and v[2] ~= from) then
+  if not s or (s == 'WAITING' and not v[8]) or (from ~= '' and v[2] ~= from) then
     unknown = unknown + 1  -- or routed to another endpoint than the sender's: not its to answer
   elseif s == 'SUCCEEDED' or s == 'FAILED' or s == 'TIMED_OUT' or s == 'CANCELLED' then
     dup = dup + 1
@@ -106,7 +108,8 @@ for i, r in ipairs(rows) do
     if r[7] and r[7] ~= cjson.null then f[#f + 1] = 'so'; f[#f + 1] = r[7] end
     if r[8] and r[8] ~= cjson.null then f[#f + 1] = 'se'; f[#f + 1] = r[8] end
     redis.call('HSET', key, unpack(f))
-    if v[2] and v[2] ~= '' then
+    if v[8] then drop_park(key, ttl, unread_ms) end  -- released by its agent
+    if v[2] and v[2] ~= '' and s ~= 'WAITING' then  -- a parked task loads its endpoint once it runs
       local per = unload[v[2]]
       if not per then per = {}; unload[v[2]] = per end
       local field = v[5] or '_'
@@ -223,7 +226,8 @@ return {stored, dup, unknown}
 
 _RANK = "{CREATED=0, QUEUED=1, DISPATCHED=2, RUNNING=3}"
 
-# Progress never moves a task backwards; LEASE only extends a live lease.
+# Progress never moves a task backwards; LEASE only extends a live lease. A parked task
+# (WAITING, released by its agent) ranks as CREATED, and loads its endpoint once it moves.
 PROGRESS = _ALLOW_OOM + _BULK + """
 local rank = """ + _RANK + """
 local rows = cjson.decode(ARGV[1])
@@ -233,10 +237,12 @@ local applied = 0
 local leases = {}
 for i, u in ipairs(rows) do
   local key = 't:' .. u[1]
-  local v = redis.call('HMGET', key, 's', 'e', 'ev')
+  local v = redis.call('HMGET', key, 's', 'e', 'ev', 'pk', 'tg')
   local s = v[1]
+  if s == 'WAITING' and v[4] then s = 'CREATED' end
   if s and rank[s] ~= nil and (from == '' or v[2] == from) then
     if u[2] ~= 'LEASE' and rank[u[2]] > rank[s] then
+      if v[1] == 'WAITING' then redis.call('HINCRBY', 'load:' .. v[2], v[5] or '_', 1) end
       redis.call('HSET', key, 's', u[2], 'ev', (v[3] or '') .. u[2] .. '@' .. u[3] .. ';')
       leases[#leases + 1] = now + u[4]; leases[#leases + 1] = u[1]
       applied = applied + 1
@@ -253,8 +259,9 @@ return applied
 # Expired leases: back to QUEUED with one more retry, or FAILED past the retry budget. The
 # failed ones are announced like FINISH's: one completion-stream entry per owner, returned
 # with the reasons (for the results push).
-EXPIRE = _ALLOW_OOM + _UNLOAD + _PREV + """
+EXPIRE = _ALLOW_OOM + _UNLOAD + _PREV + DROP_PARK + """
 local now = ARGV[1]
+local unread_ms, ttl = math.floor(tonumber(ARGV[3]) * 1000), tonumber(ARGV[4] or '0')
 local ids = redis.call('ZRANGEBYSCORE', 'leases', '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
 local requeued, failed = 0, 0
 local done, why, owners = {}, {}, {}
@@ -270,6 +277,7 @@ for i, id in ipairs(ids) do
       redis.call('HSET', key, 's', 'FAILED', 'why', reason,
                  'ev', (redis.call('HGET', key, 'ev') or '') .. 'FAILED@' .. now .. ';')
       unload(key)
+      drop_park(key, ttl, unread_ms)
       redis.call('RPUSH', 'outbox', id)
       if redis.call('HEXISTS', key, 'wd') == 1 then redis.call('RPUSH', 'settled', id) end
       local owner = redis.call('HGET', key, 'o')
@@ -310,7 +318,7 @@ redis.call('ZREM', 'leases', ARGV[1])
 redis.call('RPUSH', 'outbox', ARGV[1])
 local g = redis.call('HMGET', key, 'wp', 'in', 'wd')
 if g[1] then
-  redis.call('HDEL', key, 'wp', 'dn')
+  redis.call('HDEL', key, 'wp', 'dn', 'pk')
   unpin_all(g[2], tonumber(ARGV[4]), math.floor(tonumber(ARGV[6]) * 1000))
 end
 if g[3] then redis.call('RPUSH', 'settled', ARGV[1]) end

@@ -112,7 +112,7 @@ class TaskStore(IdempotencyKeys, DoneStreams, HistoryOutbox, TaskGraph):
         """finish for the results function's hot path: the notices come without statuses
         (the caller passes its rows' to push.notify)."""
         stored, dup, unknown, raw = self._finish(args=[orjson.dumps(rows), f"{time.time():.6f}", self.unretrieved_ttl,
-                                                       endpoint_id, int(self.memo_ttl)])
+                                                       endpoint_id, int(self.memo_ttl), self.result_ttl])
         notices = [Notice(decoded(owner), decoded(prev), decoded(entry), decoded(csv).split(","))
                    for owner, prev, entry, csv in raw or ()]
         return int(stored), int(dup), int(unknown), notices
@@ -140,7 +140,8 @@ class TaskStore(IdempotencyKeys, DoneStreams, HistoryOutbox, TaskGraph):
 
     def expire_leases(self, limit: int = 5000) -> tuple[int, int, list[Notice]]:
         """Expired leases: (requeued, failed past their retry budget, notices of the failed)."""
-        requeued, failed, raw = self._expire(args=[f"{time.time():.6f}", limit, self.unretrieved_ttl])
+        requeued, failed, raw = self._expire(args=[f"{time.time():.6f}", limit, self.unretrieved_ttl,
+                                                   self.result_ttl])
         notices = []
         for owner, prev, entry, csv, reasons in raw or ():
             ids = decoded(csv).split(",")

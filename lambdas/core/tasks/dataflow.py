@@ -8,13 +8,16 @@ the script that wrote it puts it on `settled`; `advance` (run by the results fun
 each batch, by cancel, by submission and by the reaper's sweep) tells its dependents: the last
 input to SUCCEED releases a dependent, which is then sent to its endpoint with its inputs'
 results in an envelope (opaque buffers: nothing is unpickled here); any other end fails or
-cancels the dependents, transitively. The graph lives in the hot store (redis_store.graph),
+cancels the dependents, transitively. A dependent whose unfinished inputs all run on its own
+(single-user) endpoint is parked instead: sent there at once, for the agent to release as
+soon as its inputs' results exist there, with no trip through the service; an agent that
+cannot hands it back (`unpark`) and it is sent again the usual way. The graph lives in the hot store (redis_store.graph),
 so a service, agent or Redis restart loses none of it.
 """
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, Mapping
 
 import orjson
 from aws_lambda_powertools import Logger
@@ -27,7 +30,7 @@ from lambdas.core.errors import Conflict, Forbidden, NotFound, ServiceError
 from lambdas.core.tasks import blobs, push, registry
 from lambdas.core.tasks.packs import pack_specs, task_queue
 from skyfn.protocol.api import SubmitTasks
-from skyfn.protocol.dataflow import make_envelope, parse_input
+from skyfn.protocol.dataflow import PARK_FEATURE, local_entry, make_envelope, parse_input
 
 logger = Logger(service="skyfn-dataflow", child=True)
 SETTLE_BATCH = 1000    # settled tasks per script call: a long cascade is cut into bounded steps
@@ -96,13 +99,23 @@ def _check_owned(owner: str, ids: list[str]) -> None:
                         "(its retention ended): submit it again and pass the new future")
 
 
+def parks(record: Mapping[str, str] | None) -> bool:
+    """Whether an endpoint's agent releases parked dependents (its heartbeats say so)."""
+    return PARK_FEATURE in ((record or {}).get("ft") or "").split(",")
+
+
 def waiting_row(task_id: str, function_id: str, endpoint_id: str, max_retries: int, tag: str | None,
-                inputs: list[str], spec: dict[str, Any], extra: dict[str, Any], multi_user: bool) -> list[Any]:
-    """A row of store_waiting: the task and what its pack will carry once released."""
+                inputs: list[str], spec: dict[str, Any], extra: dict[str, Any], multi_user: bool,
+                parkable: bool = False) -> list[Any]:
+    """A row of store_waiting: the task and what its pack will carry once released.
+    `parkable`: its endpoint's agent releases parked dependents (`parks`); a multi-user
+    endpoint's lanes do not share their workers' results, and GlobusFiles are staged first."""
     pack = {"spec": spec, "extra": extra}
     if multi_user:
         pack["mu"] = 1
-    return [task_id, function_id, endpoint_id, max_retries, tag, inputs, orjson.dumps(pack).decode()]
+    staged = spec.get("stage_in") or spec.get("stage_out")
+    return [task_id, function_id, endpoint_id, max_retries, tag, inputs, orjson.dumps(pack).decode(),
+            parkable and not (multi_user or staged)]
 
 
 def store_waiting(owner: str, submission_id: str, rows: list[list[Any]], created: float) -> None:
@@ -132,6 +145,17 @@ def advance(store=None) -> dict[str, int]:
     if release_n or out["released"]:
         out["sent"] = release(store)
     return out
+
+
+def unpark(endpoint_id: str, task_ids: list[str], store=None) -> int:
+    """Parked dependents the agent of `endpoint_id` handed back: those whose inputs are done
+    are sent again now, with their inputs' results; the others are released as usual when
+    they are."""
+    store = store or deps.store()
+    n = store.unpark(task_ids, endpoint_id)
+    if n:
+        release(store)
+    return n
 
 
 def sweep(store=None) -> dict[str, int]:
@@ -200,17 +224,25 @@ def _send(store, endpoint_id: str, owner: str, extra: dict[str, Any], multi_user
 
 def _released_spec(owner: str, r: Released) -> tuple[dict[str, Any] | None, str]:
     """The task spec to send, its payload the envelope of its arguments and its inputs'
-    results; (None, why) when an input's result is gone."""
+    results; (None, why) when an input's result is gone. A parked task goes ahead of its
+    unfinished inputs: those are listed in `after`, their entries left for its agent."""
     spec = dict(r.pack["spec"])
     args = spec.pop("payload")
     spec.pop("payload_url", None)  # presigned at submission: made again, fresh
     entries = []
+    after = []
     for tid, result in zip(r.inputs, r.results):
+        if result is None and r.parked:
+            entries.append(local_entry(tid))
+            after.append(tid)
+            continue
         if result is None:
             return None, (f"DependencyFailed: input task {tid} ended EXPIRED: its result is no longer kept "
                           "(the service lost it): submit the input again")
         url = blobs.input_url(result)
         entries.append({"task_id": tid, "url": url} if url else {"task_id": tid, "result": result})
+    if after:
+        spec["after"] = after
     text = make_envelope(args, entries, blobs.payload_url(args))
     if len(text) > settings().inline_bytes and blobs.enabled():  # too large to travel in the pack
         ref = blobs.put_payload(owner, text)

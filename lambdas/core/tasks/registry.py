@@ -197,7 +197,7 @@ def list_endpoints(owner: str) -> list[EndpointInfo]:
 
 
 def heartbeat(owner: str, endpoint_id: str, stats: dict[str, Any], agent_endpoint: str | None = None,
-              allowed: Any = ..., direct: DirectInfo | None = None) -> EndpointInfo:
+              allowed: Any = ..., direct: DirectInfo | None = None, features: list[str] | None = None) -> EndpointInfo:
     """From the endpoint's agent (its credential: `agent_endpoint`) or a user with 'manage'.
     `allowed`: the agent's allowlist as it stands (None: any function; ...: not reported).
     `direct`: the agent's direct channel (lambdas/core/identity/direct_info.py), published or, when
@@ -205,7 +205,8 @@ def heartbeat(owner: str, endpoint_id: str, stats: dict[str, Any], agent_endpoin
     (Cognito or Globus deployments) publishes with the owner's token, so the owner's
     heartbeat publishes too, but never withdraws: only the agent knows it has none. Anyone
     else the endpoint is shared with leaves it alone (they could point sessions at
-    their own socket)."""
+    their own socket). `features`: what the agent understands beyond the base protocol, as
+    its own heartbeats report it (ft: what submission reads, e.g. dataflow.parks)."""
     rec = _endpoint_record(endpoint_id)
     if rec is None:
         raise NotFound(f"endpoint {endpoint_id} not found: list yours with Client.list_endpoints()")
@@ -222,6 +223,8 @@ def heartbeat(owner: str, endpoint_id: str, stats: dict[str, Any], agent_endpoin
     pipe.hset(f"ep:{endpoint_id}", mapping={"hb": f"{time.time():.6f}", "st": "online", "stats": orjson.dumps(stats)})
     if agent_endpoint is not None or (direct is not None and owner == rec["o"]):
         direct_info.publish(pipe, endpoint_id, direct)
+    if agent_endpoint is not None:
+        pipe.hset(f"ep:{endpoint_id}", "ft", ",".join(features or ()))
     pipe.execute()
     if allowed is not ...:
         allowlist.update(endpoint_id, allowed)

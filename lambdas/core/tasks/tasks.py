@@ -127,7 +127,8 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None,
             waiting.append(dataflow.waiting_row(
                 tid, t.function_id, ep, t.max_retries if t.max_retries is not None else req.max_retries, tag,
                 inputs[i], task_spec(tid, t, containers, routing.tags),
-                pack_extra(owner, who, req.user_config), lanes.multi_user(routing.records.get(ep))))
+                pack_extra(owner, who, req.user_config), lanes.multi_user(routing.records.get(ep)),
+                dataflow.parks(routing.records.get(ep))))
             continue
         if ep:
             by_endpoint.setdefault(ep, []).append(i)
