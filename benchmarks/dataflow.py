@@ -26,10 +26,13 @@ Every result is checked (the chain ends at `--chain`, the reduce returns the sum
 
 `chain_edge_breakdown_ms` (skyfn): where an edge of the chain goes, median ms per stage over
 its edges from the tasks' timestamped events (read after the run, one POST /tasks/status
-with events per 1,000 tasks): `release` (the input STORED by the results function -> the
-dependent QUEUED: settled, released and sent), `queue` (-> DISPATCHED: the endpoint's task
-queue to the agent), `dispatch` (-> RUNNING on a worker), `run`, `return` (DONE -> STORED:
-the result back through the results queue and function).
+with events per 1,000 tasks): `release` (the input DONE on its worker -> the dependent
+QUEUED: released by the agent, which holds it parked; or, when the service releases it, the
+result's trip back, settled, released and sent), `queue` (-> DISPATCHED), `dispatch` (->
+RUNNING on a worker), `run` (-> DONE); their sum is the edge. `return` (DONE -> STORED: the
+result back through the results queue and function) is off the edge's path when the agent
+releases the dependent, and is reported beside it, with `released_by_agent` (edges whose
+dependent was QUEUED before its input was STORED).
 
 `client_requests_during_graph` (skyfn): the HTTP requests the SDK sends between the
 submission of a graph (the last POST /tasks answered) and the final result in hand, summed
@@ -141,10 +144,11 @@ def skyfn_chain(ex, n: int, timeout: float, keep: list | None = None):
 
 
 # One edge of the chain, from the tasks' timestamped events (read after the run): the input
-# stored (its result applied by the results function) -> the dependent QUEUED (released and
-# sent) -> DISPATCHED (the agent took it from its queue) -> RUNNING -> DONE -> STORED.
-EDGE_STAGES = (("release", "input STORED", "QUEUED"), ("queue", "QUEUED", "DISPATCHED"),
-               ("dispatch", "DISPATCHED", "RUNNING"), ("run", "RUNNING", "DONE"), ("return", "DONE", "STORED"))
+# DONE -> the dependent QUEUED (released) -> DISPATCHED -> RUNNING -> DONE; `return` (DONE ->
+# STORED) is measured beside it.
+EDGE_STAGES = (("release", "input DONE", "QUEUED"), ("queue", "QUEUED", "DISPATCHED"),
+               ("dispatch", "DISPATCHED", "RUNNING"), ("run", "RUNNING", "DONE"))
+RETURN_STAGE = ("return", "DONE", "STORED")
 
 
 def edge_breakdown(client, task_ids: list[str]) -> dict:
@@ -160,17 +164,24 @@ def edge_breakdown(client, task_ids: list[str]) -> dict:
             for state, ts in parse_events(events) if isinstance(events, str) else events:
                 first.setdefault(state, float(ts))
             stamps[tid] = first
-    spans: dict[str, list[float]] = {name: [] for name, _, _ in EDGE_STAGES}
+    spans: dict[str, list[float]] = {name: [] for name, _, _ in (*EDGE_STAGES, RETURN_STAGE)}
+    by_agent = 0
     for prev, tid in zip(task_ids, task_ids[1:]):
         a, b = stamps.get(prev, {}), stamps.get(tid, {})
-        at = {"input STORED": a.get("STORED"), **{k: b.get(k) for k in ("QUEUED", "DISPATCHED", "RUNNING", "DONE",
-                                                                        "STORED")}}
-        for name, start, end in EDGE_STAGES:
+        at = {"input DONE": a.get("DONE"), **{k: b.get(k) for k in ("QUEUED", "DISPATCHED", "RUNNING", "DONE",
+                                                                      "STORED")}}
+        for name, start, end in (*EDGE_STAGES, RETURN_STAGE):
             if at.get(start) is not None and at.get(end) is not None:
                 spans[name].append((at[end] - at[start]) * 1000)
-    out = {name: round(statistics.median(v), 3) for name, v in spans.items() if v}
+        if a.get("STORED") is not None and b.get("QUEUED") is not None and b["QUEUED"] < a["STORED"]:
+            by_agent += 1
+    medians = {name: round(statistics.median(v), 3) for name, v in spans.items() if v}
+    out = {name: medians[name] for name, _, _ in EDGE_STAGES if name in medians}
     out["sum_of_medians"] = round(sum(out.values()), 3)
-    out["edges_measured"] = min((len(v) for v in spans.values()), default=0)
+    if RETURN_STAGE[0] in medians:
+        out[RETURN_STAGE[0]] = medians[RETURN_STAGE[0]]
+    out["edges_measured"] = min((len(spans[name]) for name, _, _ in EDGE_STAGES), default=0)
+    out["released_by_agent"] = by_agent
     return out
 
 

@@ -139,6 +139,8 @@ class Agent:
             "cold_starts": sum(mi["cold_starts"] for mi in managers),
             "scaling": self.blocks.status() if self.blocks is not None else None,
             "cancelled": ix.cancelled if ix else 0, "managers_lost": ix.managers_lost if ix else 0,
+            # dependents sent ahead of their inputs: held, released here, handed back (interchange/parked.py)
+            "dataflow": snap.get("dataflow") or {},
             # Globus staging (data: globus:): items waiting, Transfer tasks in flight and submitted
             "globus": ix.staging.stager.snapshot() if ix is not None and ix.staging is not None else None,
             # kind and name only: a queue URL may carry credentials

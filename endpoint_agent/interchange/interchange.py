@@ -294,7 +294,7 @@ class Interchange(IxState):
         wait = max_wait
         out = self.out
         if out.results or out.updates or out.acks:
-            wait = min(wait, max(0.0005, out.first_buffered + out.flush_interval - time.monotonic()))
+            wait = min(wait, max(0.0005, out.flush_due(self) - time.monotonic()))
         events = dict(self.poller.poll(wait * 1000))
         if self.wake in events:
             wake = self.wake

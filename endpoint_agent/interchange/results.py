@@ -4,8 +4,11 @@ Results come back from managers in batches and become TaskResult records with th
 agent-side events (DISPATCHED when the pack was received, RUNNING and DONE from the
 worker) and captured stdout/stderr; RUNNING reports and lease extensions become
 TaskUpdates. They leave as ResultPack bodies through the outbox: at most `result_batch`
-results (and PACK_MAX_BYTES) per body, UPDATES_PER_BODY updates, at most one send per
-`result_flush_ms` (a lone result goes at once, when the outbox is idle). A task message
+results (and PACK_MAX_BYTES) per body, UPDATES_PER_BODY updates, one send per
+`result_flush_ms` at most while results keep coming (a lone result goes at once, when the
+outbox is idle and has sent nothing for that long). A task chain released here one result
+after another (parked.py) so leaves in packs of several, which the service applies at the
+rate they come, rather than one pack per result. A task message
 is acknowledged in the same outbox operation as, and after, the last result of its pack;
 a task that ends without a result (cancelled) still counts as done for its pack.
 A task of a direct session (endpoint_agent.direct) has no message: its result also goes back to
@@ -41,6 +44,7 @@ class ResultBatcher:
         self.acks: list[str] = []
         self.flush_interval = config.result_flush_ms / 1000.0
         self.first_buffered = 0.0
+        self.last_flush = 0.0  # monotonic time of the last hand-over to the outbox
 
     # --- from managers ------------------------------------------------------------
     def on_results(self, st: IxState, m: ManagerHandle, results: list) -> None:
@@ -142,12 +146,20 @@ class ResultBatcher:
 
     # --- to the outbox ------------------------------------------------------------
     def maybe_flush(self, st: IxState, mono: float) -> None:
-        """Flush when the outbox is idle (a lone result leaves at once), else let results
-        accumulate while it sends, for at most result_flush_ms (batches grow with load)."""
+        """Flush when the outbox is idle and the last flush is result_flush_ms old (a lone
+        result leaves at once), else let results accumulate, for at most result_flush_ms
+        (batches grow with load)."""
         if not (self.results or self.updates or self.acks):
             return
-        if st.outbox.idle() or mono - self.first_buffered >= self.flush_interval:
+        if mono >= self.flush_due(st):
             self.flush(st)
+
+    def flush_due(self, st: IxState) -> float:
+        """The monotonic time the buffered results are to leave by."""
+        due = self.first_buffered + self.flush_interval
+        if st.outbox.idle():
+            due = min(due, self.last_flush + self.flush_interval)
+        return due
 
     @staticmethod
     def _rec_size(rec: dict) -> int:
@@ -182,6 +194,7 @@ class ResultBatcher:
         st.outbox.put(bodies=bodies, acks=self.acks)
         self.results, self.updates, self.acks = [], [], []
         self.results_bytes = 0
+        self.last_flush = time.monotonic()
 
     def extend_leases(self, st: IxState) -> None:
         """Extend the leases of every pack held, and tell the service (LEASE updates)."""

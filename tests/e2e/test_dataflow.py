@@ -67,6 +67,54 @@ def test_a_chain_runs_in_order_and_shows_its_wait(client):
     assert "waiting" in stage_latencies([tuple(e) for e in task["events"]])
 
 
+def test_a_chain_on_one_endpoint_is_released_by_its_agent(client):
+    """Input and dependent on the same endpoint: the agent holds the dependent and runs it as
+    soon as the input's result is there; no trip through the service (parked.py)."""
+    with Executor(endpoint="local") as ex:
+        futures = [ex.submit(inc, 0)]
+        for _ in range(49):
+            futures.append(ex.submit(inc, futures[-1]))
+        assert futures[-1].result(timeout=120) == 50
+    tasks = client.status([f.task_id for f in futures], include_events=True)["tasks"]
+    first = {}
+    for tid, t in tasks.items():
+        first[tid] = {}
+        for name, ts in t["events"]:
+            first[tid].setdefault(name, ts)
+    by_agent = 0
+    for prev, fut in zip(futures, futures[1:]):
+        a, b = first[prev.task_id], first[fut.task_id]
+        assert b["RUNNING"] >= a["DONE"]  # never before its input
+        if b["QUEUED"] == b["DISPATCHED"] and b["QUEUED"] < a["STORED"]:
+            by_agent += 1  # released where it ran, before the service had stored its input's result
+    # only the first edge may go through the service: its input can finish before the
+    # dependent reaches the agent, while the agent keeps no results yet
+    assert by_agent >= 48
+
+
+def produce_later(seconds, n):
+    import time as _t
+
+    _t.sleep(seconds)  # the dependent reaches the agent first, as in a pipeline that computes
+    return bytes(range(256)) * (n // 256)
+
+
+def test_a_large_result_reaches_its_dependent_on_the_same_endpoint_through_the_agent(client):
+    """64 MiB from one task to the next on one endpoint: the agent hands its worker's result
+    to the parked dependent; the service stores the input's result (S3) but is not on the edge."""
+    import hashlib
+
+    n = 64 << 20
+    with Executor(endpoint="local") as ex:
+        big = ex.submit(produce_later, 3, n)
+        consumer = ex.submit(digest, big)
+        got = consumer.result(timeout=300)
+    assert tuple(got) == (n, hashlib.sha256(produce(n)).hexdigest())
+    events = {e[0]: e[1] for e in reversed(client.get_task(consumer.task_id)["events"])}
+    stored = {e[0]: e[1] for e in reversed(client.get_task(big.task_id)["events"])}["STORED"]
+    assert events["QUEUED"] == events["DISPATCHED"] < stored  # released by the agent, not the service
+
+
 def test_a_diamond_and_a_fan_in(client):
     with Executor(endpoint="local") as ex:
         a = ex.submit(inc, 1)                    # 2

@@ -89,7 +89,7 @@ def test_maybe_flush_sends_at_once_when_idle_else_waits_for_the_flush_interval(c
     outbox = RecordingOutbox(idle=False)
     st = make_state(ctx, outbox=outbox, result_flush_ms=50)
     out = ResultBatcher(st.config)
-    _with_pack(st, 1, "r1", [1, 2])
+    _with_pack(st, 1, "r1", [1, 2, 3])
     st.tasks.pop(1)
     out.add(st, {"task_id": "t1", "state": "SUCCEEDED", "result": "x"}, 1)
     out.maybe_flush(st, time.monotonic())
@@ -101,8 +101,16 @@ def test_maybe_flush_sends_at_once_when_idle_else_waits_for_the_flush_interval(c
     outbox.is_idle = True
     st.tasks.pop(2)
     out.add(st, {"task_id": "t2", "state": "SUCCEEDED", "result": "y"}, 1)
+    out.maybe_flush(st, out.last_flush + 0.01)
+    assert outbox.puts == 1             # idle, but it sent 10 ms ago: results keep coming, it waits for company
+    assert out.flush_due(st) == pytest.approx(out.last_flush + 0.05)
+    out.maybe_flush(st, out.last_flush + 0.05)
+    assert outbox.puts == 2
+    st.tasks.pop(3)
+    out.last_flush -= 10                # a lone result after a quiet spell goes at once
+    out.add(st, {"task_id": "t3", "state": "SUCCEEDED", "result": "z"}, 1)
     out.maybe_flush(st, out.first_buffered)
-    assert outbox.puts == 2 and outbox.acks == ["r1"]
+    assert outbox.puts == 3 and outbox.acks == ["r1"]
 
 
 def test_flush_splits_bodies_by_count_size_and_updates(ctx):

@@ -152,8 +152,6 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None,
     if routing.refused:  # the group's policy placed them nowhere (followup: fail)
         push.notify(store.finish([[task_ids[i], "FAILED", None, None, reason, ""]
                                   for i, reason in routing.refused.items() if i not in cached])[3])
-    if waiting:
-        dataflow.store_waiting(owner, submission_id, waiting, created)
     sent: set[str] = set()
     try:
         for ep, indices in by_endpoint.items():
@@ -166,6 +164,8 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None,
             push.notify(store.fail_unqueued([tid for tid in task_ids if tid not in sent], f"could not be queued: {exc}"))
         raise Unavailable(f"the task queue refused the submission ({type(exc).__name__}); retry with the same "
                           "idempotency key") from exc
+    if waiting:  # after the others are on their way: a graph's first tasks start while its dependents are stored
+        dataflow.store_waiting(owner, submission_id, waiting, created)
     if not rows:  # none went through CREATE, which writes it
         store.enqueue_submission_record(record)
     return {"submission_id": submission_id, "task_ids": task_ids, "replayed": False}
