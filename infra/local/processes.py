@@ -105,7 +105,10 @@ def redis_maxmemory(value: str | None = None) -> str | None:
 def start_redis(workdir: Path, port: int | None = None, appendonly: bool = True, detach: bool = False,
                 secure: bool = False, maxmemory: str | None = None) -> ServerProcess:
     """A redis-server on loopback with an append-only file fsynced every second; `maxmemory`
-    (see redis_maxmemory) bounds its memory, None leaves it unbounded.
+    (see redis_maxmemory) bounds its memory, None leaves it unbounded. Snapshots (the AOF's
+    rewrites, every ~30 s under sustained load) are not compressed: a rewrite's child then
+    runs 1-3 s instead of 3-6 s beside the task path, whose probes it slowed
+    (benchmarks/soak.py, docs/benchmarks.md "Sustained load"), for a larger base file.
 
     `secure` (the embedded runtime): the default user needs a password (created once in
     `workdir/redis.password`, 0600) and users live in the ACL file `workdir/users.acl`,
@@ -117,7 +120,7 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = True,
     args = [
         redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir),
         "--appendonly", "yes" if appendonly else "no", "--appendfsync", "everysec",
-        "--save", "", "--protected-mode", "yes", "--daemonize", "no",
+        "--save", "", "--protected-mode", "yes", "--daemonize", "no", "--rdbcompression", "no",
         "--logfile", str(workdir / "redis.log"),
         *hot_store.server_args(),
     ]

@@ -15,10 +15,8 @@ from skyfn.protocol import pack_args, serialize_function
 from skyfn.protocol.dataflow import ENVELOPE_HEADER, Input, dependency_failure, open_envelope
 from skyfn.protocol.messages import ResultPack, TaskPack, TaskResult
 from skyfn.protocol.serialize import serialize
+from tests.service.graph_parts import add, dependent, info, plain, submit
 
-
-def add(*xs):
-    return sum(xs)
 
 
 @pytest.fixture
@@ -39,19 +37,7 @@ def sent(ep: dict) -> dict[str, dict]:
     return out
 
 
-def submit(api, fid, ep, *tasks: dict) -> list[str]:
-    body = {"endpoint_id": ep["endpoint_id"], "tasks": [{"function_id": fid, **t} for t in tasks]}
-    status, answer = api.call("POST", "/tasks", body)
-    assert status == 202, answer
-    return answer["task_ids"]
 
-
-def plain(*args) -> dict:
-    return {"payload": pack_args(args, {})}
-
-
-def dependent(inputs: list[str], *args) -> dict:
-    return {"payload": pack_args(args, {}), "inputs": inputs}
 
 
 def finish(ep, task_id: str, state: str = "SUCCEEDED", value=None, error: str | None = None, reason=None):
@@ -59,11 +45,6 @@ def finish(ep, task_id: str, state: str = "SUCCEEDED", value=None, error: str | 
     apply_pack(ResultPack(endpoint_id=ep["endpoint_id"], results=[
         TaskResult(task_id=task_id, state=state, result=result, error=error, reason=reason)]))
 
-
-def info(api, tid: str) -> dict:
-    status, body = api.call("POST", "/tasks/status", {"task_ids": [tid], "peek": True, "include_events": True})
-    assert status == 200, body
-    return body["tasks"][tid]
 
 
 def test_a_chain_waits_then_runs_with_the_inputs_result(world):

@@ -18,10 +18,8 @@ from skyfn.protocol.messages import ControlMessage, ResultPack, TaskPack, TaskRe
 from skyfn.protocol.queues import open_queue
 from skyfn.protocol.serialize import serialize
 from tests.service.conftest import Api
+from tests.service.graph_parts import add, dependent, info, plain, submit
 
-
-def add(*xs):
-    return sum(xs)
 
 
 def register(api, name: str, features: list[str] | None) -> tuple[dict, Api]:
@@ -54,19 +52,7 @@ def sent_to(ep: dict, tid: str) -> list[dict]:
     return [s for s in sends(ep) if s["task_id"] == tid]
 
 
-def submit(api, fid, ep, *tasks: dict) -> list[str]:
-    body = {"endpoint_id": ep["endpoint_id"], "tasks": [{"function_id": fid, **t} for t in tasks]}
-    status, answer = api.call("POST", "/tasks", body)
-    assert status == 202, answer
-    return answer["task_ids"]
 
-
-def plain(*args) -> dict:
-    return {"payload": pack_args(args, {})}
-
-
-def dependent(inputs: list[str], *args) -> dict:
-    return {"payload": pack_args(args, {}), "inputs": inputs}
 
 
 def result(task_id: str, state: str = "SUCCEEDED", value=None, error=None, events=()) -> TaskResult:
@@ -81,11 +67,6 @@ def pack(ep, results=(), updates=()) -> None:
 def update(task_id: str, state: str) -> TaskUpdate:
     return TaskUpdate(task_id=task_id, state=state, ts=time.time(), lease_seconds=60)
 
-
-def info(api, tid: str) -> dict:
-    status, body = api.call("POST", "/tasks/status", {"task_ids": [tid], "peek": True, "include_events": True})
-    assert status == 200, body
-    return body["tasks"][tid]
 
 
 def record(tid: str) -> dict:
