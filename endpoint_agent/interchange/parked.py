@@ -12,9 +12,11 @@ bytes, most recent first) because a dependent may arrive after its input finishe
 
 A dependent is handed back -- an UNPARK update to the service, and its message counts as
 done -- whenever it cannot be released here: an input ended otherwise than SUCCEEDED here
-(the service decides: a retry, or DependencyFailed), its payload is in S3, or GRACE_S
-after it arrived an input it still misses is held nowhere in this agent (it ran before
-this agent started, went to another agent, or its result was evicted). The service then
+(the service decides: a retry, or DependencyFailed; its own dependents here go back with
+it), its payload is in S3, or GRACE_S after it arrived an input it still misses is held
+nowhere in this agent (it ran before this agent started, went to another agent, or its
+result was evicted). A task handed back counts as held here for EXPECT_S more: the service
+sends it back to this endpoint, so the dependents waiting for it here keep waiting. The service then
 sends it again, with its inputs' results, once they are all done. So the local path is only
 ever a shortcut: a dependent released here or there runs once, after its inputs.
 """
@@ -35,6 +37,7 @@ log = logging.getLogger("skyfn.agent.parked")
 
 GRACE_S = 2.0          # how long a dependent waits for an input held nowhere here
 CHECK_S = 0.5          # how often the held dependents are looked over
+EXPECT_S = 30.0        # a task handed back is expected here again for this long (the service resends it here)
 MAX_KEPT = 200_000     # results kept at most, whatever their size
 
 
@@ -78,6 +81,7 @@ class ParkedTasks:
         self.by_id: dict[str, int] = {}         # task id -> key
         self.waiters: dict[str, list[int]] = {}  # input task id -> keys of the held dependents missing it
         self.released_at: dict[str, float] = {}  # task id -> when it was released here (its QUEUED event)
+        self.expected: dict[str, float] = {}     # task id handed back -> until when its dependents here wait for it
         self.next_check = 0.0
         self.released = 0
         self.unparked = 0
@@ -118,9 +122,10 @@ class ParkedTasks:
             h = self.held.get(key)
             if h is None:
                 continue
-            if not ok:
+            if not ok:  # the service decides (a retry, or DependencyFailed); so for its own dependents here
                 self._drop(key)
                 self._unpark(st, h[0], f"its input {task_id} ended {state} here")
+                self.on_outcome(st, h[0][T_ID], "HANDED_BACK", None)
                 continue
             h[1].discard(task_id)
             h[2][task_id] = result
@@ -148,6 +153,11 @@ class ParkedTasks:
             return
         here = {t[T_ID] for t in st.tasks.values()}
         here.update(self.by_id)
+        for tid, until in list(self.expected.items()):
+            if until > mono:
+                here.add(tid)
+            else:
+                del self.expected[tid]
         for key in due:
             h = self.held.get(key)
             if h is None:
@@ -190,6 +200,7 @@ class ParkedTasks:
 
     def _unpark(self, st, t: list, why: str) -> None:
         self.unparked += 1
+        self.expected[t[T_ID]] = time.monotonic() + EXPECT_S
         log.debug("parked task %s handed back to the service: %s", t[T_ID], why)
         out = self.out
         if not (out.results or out.updates or out.acks):

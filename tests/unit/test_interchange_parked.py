@@ -116,6 +116,29 @@ def test_an_input_held_nowhere_here_hands_the_dependent_back_after_the_grace(ix)
     assert list(st.parked.by_id) == ["b"]
 
 
+def test_a_failed_input_hands_back_the_whole_chain_parked_on_it(ix):
+    st, out, intake = ix
+    deliver(st, intake, "r1", spec("a"), spec("b", ["a"], [local_entry("a")]), spec("c", ["b"], [local_entry("b")]))
+    finish(st, out, "a", state="FAILED")
+    assert [u["task_id"] for u in updates(st, out)] == ["b", "c"] and st.parked.held == {}
+
+
+def test_dependents_of_a_task_handed_back_keep_waiting_for_it(ix):
+    """b's input ran before b arrived and is gone: b goes back to the service, which sends it
+    here again in full; c, parked on b, waits for that instead of going back too."""
+    st, out, intake = ix
+    deliver(st, intake, "r1", spec("b", ["a"], [local_entry("a")]), spec("c", ["b"], [local_entry("b")]))
+    mono = time.monotonic()
+    st.parked.check(st, mono + GRACE_S + 0.1)
+    assert [u["task_id"] for u in updates(st, out)] == ["b"]
+    st.parked.check(st, mono + GRACE_S + 5)
+    assert list(st.parked.by_id) == ["c"] and len(updates(st, out)) == 1
+    deliver(st, intake, "r2", spec("b", None, [{"task_id": "a", "result": "A"}]))  # b again, in full
+    finish(st, out, "b", result="B")
+    (t,) = [t for t in st.tasks.values() if t[T_ID] == "c"]
+    assert open_envelope(t[T_PAYLOAD])["inputs"] == [{"task_id": "b", "result": "B"}]
+
+
 def test_a_dependent_whose_input_is_parked_here_waits_for_it(ix):
     st, out, intake = ix
     deliver(st, intake, "r1", spec("a"), spec("b", ["a"], [local_entry("a")]), spec("c", ["b"], [local_entry("b")]))
