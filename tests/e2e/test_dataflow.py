@@ -12,12 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from skyfn import Executor, TaskRef
 from skyfn.protocol.errors import DependencyFailed, TaskCancelled
 from skyfn.protocol.states import stage_latencies
-from tests.e2e.processes import stop
+from tests.e2e.processes import extra_agent
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -202,26 +201,8 @@ def test_taskrefs_of_client_run(client, endpoint_id):
 @pytest.fixture
 def second_endpoint(local_home, client):
     """A second endpoint of the same user, its own agent process."""
-    name = "dataflow-b"
-    cfg = local_home / "endpoints" / name
-    cfg.mkdir(parents=True, exist_ok=True)
-    (cfg / "config.yaml").write_text(yaml.safe_dump({"workers": 1, "heartbeat_period": 1}))
-    from infra.local.agent import aws_env
-    from infra.local.state import StateDir
-
-    # from the templates (make test-deploy) its queues are SQS in moto: the runtime's address
-    env = dict(os.environ, SKYFN_HOME=str(local_home), PYTHONPATH=str(ROOT),
-               **aws_env(StateDir.at(local_home).read_runtime()))
-    log = open(cfg / "test.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "endpoint_agent", "start", name, "--foreground"],
-                            cwd=str(ROOT), env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 90
-    while not any(e["name"] == name and e["status"] == "online" for e in client.list_endpoints()):
-        assert proc.poll() is None and time.monotonic() < deadline, (cfg / "test.log").read_text()[-2000:]
-        time.sleep(0.5)
-    yield name
-    stop(proc)
-    log.close()
+    with extra_agent(local_home, client, "dataflow-b", {"workers": 1, "heartbeat_period": 1}) as ep:
+        yield ep["name"]
 
 
 def test_an_edge_across_endpoints_carries_a_100_mib_result(client, second_endpoint):

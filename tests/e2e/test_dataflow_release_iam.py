@@ -4,14 +4,27 @@ docs/deploy.md "Least privilege: allowed against used"): a function body no long
 (the functions table), an envelope too large for its pack (put under args/, fetched with a
 presigned GET), an input's result kept in S3 (a presigned GET of results/), and a release
 the results function left to the reaper's sweep. Under `make test-deploy` (IAM enforced,
-the templates' roles) the runtime's access log must show each role doing it."""
+the templates' roles) the runtime's access log must show each role doing it. The tasks run
+on an endpoint whose agent does not release dependents itself (`local_results_mb: 0`), so
+every edge goes through the service."""
 from __future__ import annotations
 
 import time
 
+import pytest
+
 from skyfn.protocol.dataflow import Input
 from skyfn.protocol.serialize import pack_args
 from tests.e2e.conftest import service_s3
+from tests.e2e.processes import extra_agent
+
+
+@pytest.fixture
+def endpoint_id(local_home, client):
+    """An endpoint whose agent reports no `park` feature: its dependents wait in the service."""
+    with extra_agent(local_home, client, "released-by-service",
+                     {"workers": 2, "heartbeat_period": 1, "local_results_mb": 0}) as ep:
+        yield ep["endpoint_id"]
 
 
 def inc(x):
