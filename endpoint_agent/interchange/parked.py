@@ -90,6 +90,9 @@ class ParkedTasks:
     def admit(self, st, key: int, t: list, after: list[str]) -> None:
         """A parked dependent arrived (its record made by the intake, not pending yet)."""
         self.active = True
+        if t[T_ID] in self.by_id:  # sent ahead twice (a release the service offered again): one copy waits
+            self.out.task_gone(st, t[T_PACK])
+            return
         if not self.enabled or not isinstance(t[T_PAYLOAD], str) or not is_envelope(t[T_PAYLOAD]):
             self._unpark(st, t, "its envelope is not here to fill" if self.enabled else "local release is off")
             return

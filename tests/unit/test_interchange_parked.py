@@ -150,6 +150,16 @@ def test_a_dependent_whose_input_is_parked_here_waits_for_it(ix):
     assert open_envelope(t[T_PAYLOAD])["inputs"] == [{"task_id": "b", "result": "2"}]
 
 
+def test_a_dependent_sent_ahead_twice_waits_once(ix):
+    st, out, intake = ix
+    deliver(st, intake, "r1", spec("a"), spec("b", ["a"], [local_entry("a")]))
+    deliver(st, intake, "r2", spec("b", ["a"], [local_entry("a")]))
+    out.flush(st)
+    assert len(st.parked.held) == 1 and st.outbox.acks == ["r2"]  # the second copy's message is done
+    finish(st, out, "a")
+    assert [t[T_ID] for t in st.tasks.values()] == ["b"]
+
+
 def test_a_cancel_drops_a_parked_task(ix):
     st, out, intake = ix
     deliver(st, intake, "r1", spec("b", ["a"], [local_entry("a")]))
