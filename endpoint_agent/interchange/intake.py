@@ -158,6 +158,8 @@ class Intake:
                 continue
             t = st.tasks.pop(key)
             st.cancelled += 1
+            if st.parked is not None:
+                st.parked.forget(tid)
             if st.staging is not None:
                 st.staging.forget(tid)
             if t[T_MGR] is not None:

@@ -318,7 +318,7 @@ class Interchange(IxState):
         if mono >= self.next_manager_check:
             self.next_manager_check = mono + MANAGER_CHECK_S
             self.registry.check_managers(self, mono)
-        if self.parked.held and mono >= self.parked.next_check:
+        if (self.parked.held or self.parked.expected) and mono >= self.parked.next_check:
             self.parked.check(self, mono)
         if self.n_pending:
             self.dispatcher.dispatch(self)

@@ -113,6 +113,19 @@ class ParkedTasks:
             self.waiters.setdefault(tid, []).append(key)
 
     # --- outcomes of this agent's tasks --------------------------------------------
+    def ended(self, st, rec: dict, raw: str | None) -> None:
+        """A task of this agent ended with the final record `rec` (`raw`: its result before a
+        large one went to S3). One released here gets its QUEUED event."""
+        if self.released_at:
+            queued = self.released_at.pop(rec["task_id"], None)
+            if queued is not None:
+                rec["events"].insert(0, ["QUEUED", queued])
+        self.on_outcome(st, rec["task_id"], rec["state"], rec.get("result") if raw is None else raw)
+
+    def forget(self, task_id: str) -> None:
+        """A task released here ended without a result (cancelled)."""
+        self.released_at.pop(task_id, None)
+
     def on_outcome(self, st, task_id: str, state: str, result: str | None) -> None:
         """A task of this agent ended: its dependents here get its result, or go back."""
         ok = state == "SUCCEEDED" and isinstance(result, str) and not blobs.is_ref(result)
@@ -149,18 +162,18 @@ class ParkedTasks:
 
     # --- the interchange's periodic look -------------------------------------------
     def check(self, st, mono: float) -> None:
-        """Hand back the dependents that waited GRACE_S for an input held nowhere here."""
+        """Hand back the dependents that waited GRACE_S for an input held nowhere here (and
+        forget the tasks handed back long enough ago)."""
         self.next_check = mono + CHECK_S
+        for tid, until in list(self.expected.items()):
+            if until <= mono:
+                del self.expected[tid]
         due = [key for key, h in self.held.items() if mono - h[3] >= GRACE_S]
         if not due:
             return
         here = {t[T_ID] for t in st.tasks.values()}
         here.update(self.by_id)
-        for tid, until in list(self.expected.items()):
-            if until > mono:
-                here.add(tid)
-            else:
-                del self.expected[tid]
+        here.update(self.expected)
         for key in due:
             h = self.held.get(key)
             if h is None:
@@ -205,8 +218,5 @@ class ParkedTasks:
         self.unparked += 1
         self.expected[t[T_ID]] = time.monotonic() + EXPECT_S
         log.debug("parked task %s handed back to the service: %s", t[T_ID], why)
-        out = self.out
-        if not (out.results or out.updates or out.acks):
-            out.first_buffered = time.monotonic()
-        out.updates.append({"task_id": t[T_ID], "state": UNPARK, "ts": now(), "lease_seconds": 0})
-        out.task_gone(st, t[T_PACK])
+        self.out.update({"task_id": t[T_ID], "state": UNPARK, "ts": now(), "lease_seconds": 0})
+        self.out.task_gone(st, t[T_PACK])

@@ -85,9 +85,13 @@ class ResultBatcher:
         for key, ts in items:
             t = tasks.get(key)
             if t is not None and not (direct and t[T_PACK] in direct):  # the service knows no direct task yet
-                if not (self.results or self.updates):
-                    self.first_buffered = time.monotonic()
-                self.updates.append({"task_id": t[T_ID], "state": RUNNING_UPDATE, "ts": ts, "lease_seconds": lease})
+                self.update({"task_id": t[T_ID], "state": RUNNING_UPDATE, "ts": ts, "lease_seconds": lease})
+
+    def update(self, rec: dict) -> None:
+        """A TaskUpdate for the next flush."""
+        if not (self.results or self.updates or self.acks):
+            self.first_buffered = time.monotonic()
+        self.updates.append(rec)
 
     # --- outcomes -----------------------------------------------------------------
     def add(self, st: IxState, rec: dict, pack: int, raw: str | None = None) -> None:
@@ -97,11 +101,7 @@ class ResultBatcher:
             st.staging.settle(rec)
         parked = st.parked
         if parked is not None and parked.active:  # dependents parked here (parked.py): released with this result, or handed back
-            if parked.released_at:
-                queued = parked.released_at.pop(rec["task_id"], None)
-                if queued is not None:
-                    rec["events"].insert(0, ["QUEUED", queued])
-            parked.on_outcome(st, rec["task_id"], rec["state"], rec.get("result") if raw is None else raw)
+            parked.ended(st, rec, raw)
         if not self.results:
             self.first_buffered = time.monotonic()
         if rec["state"] == "SUCCEEDED":

@@ -10,7 +10,7 @@ import zmq
 
 from endpoint_agent import wire
 from endpoint_agent.interchange.intake import Intake
-from endpoint_agent.interchange.parked import GRACE_S, LocalResults, ParkedTasks
+from endpoint_agent.interchange.parked import EXPECT_S, GRACE_S, LocalResults, ParkedTasks
 from endpoint_agent.interchange.results import ResultBatcher
 from endpoint_agent.interchange.state import PLAIN, ManagerHandle
 from endpoint_agent.task_record import T_ID, T_PAYLOAD
@@ -137,6 +137,15 @@ def test_dependents_of_a_task_handed_back_keep_waiting_for_it(ix):
     finish(st, out, "b", result="B")
     (t,) = [t for t in st.tasks.values() if t[T_ID] == "c"]
     assert open_envelope(t[T_PAYLOAD])["inputs"] == [{"task_id": "b", "result": "B"}]
+
+
+def test_tasks_handed_back_are_forgotten_after_a_while(ix):
+    st, out, intake = ix
+    deliver(st, intake, "r1", spec("b", ["a"], [local_entry("a")]))
+    st.parked.check(st, time.monotonic() + GRACE_S + 0.1)
+    assert list(st.parked.expected) == ["b"] and st.parked.held == {}
+    st.parked.check(st, time.monotonic() + EXPECT_S + 1)
+    assert st.parked.expected == {}
 
 
 def test_a_dependent_whose_input_is_parked_here_waits_for_it(ix):

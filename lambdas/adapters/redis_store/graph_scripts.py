@@ -317,9 +317,9 @@ for i = 3, #ARGV do
   local id = ARGV[i]
   local key = 't:' .. id
   local v = redis.call('HMGET', key, 's', 'pk', 'dn', 'ev', 'wp', 'e')
-  if v[6] ~= from then v[2] = false end
-  if v[2] then redis.call('HDEL', key, 'pk') end
-  if v[2] and v[5] then
+  local parked = v[2] and v[6] == from
+  if parked then redis.call('HDEL', key, 'pk') end
+  if parked and v[5] then
     if v[1] == 'WAITING' then
       if tonumber(v[3] or '0') <= 0 then
         ready(id, now)
