@@ -117,3 +117,31 @@ def test_a_drain_takes_at_most_max_batches_when_bounded(service_env, monkeypatch
     deps.reset()
     out = history.handler({}, Context())
     assert (out["batches"], out["tasks"], store.outbox_length()) == (2, 2_000, 1_000)
+
+
+def test_a_drain_batch_holds_redis_a_slice_at_a_time(service_env):
+    """A batch of 1,000 records is read and marked in slices of outbox.SLICE, one script call
+    each (a call holds Redis for its whole run), and every record is read and marked."""
+    from lambdas.adapters.redis_store.outbox import SLICE
+    from lambdas.core import deps
+
+    store = deps.store()
+    r = deps.redis_client()
+    now = time.time()
+    ids = uuid7s(1_000)
+    store.create("alice", "sub-1", [[t, "fn", "ep1", 0] for t in ids], now, now)
+    store.finish([[t, "SUCCEEDED", "json 3.11\n1", None, None, ""] for t in ids])
+
+    def script_calls() -> int:
+        return int(r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+    before = script_calls()
+    records = store.records(ids + ["gone"])
+    after_read = script_calls()
+    marked = store.mark_archived(ids)
+    after_mark = script_calls()
+    slices = -(-1_000 // SLICE)
+    assert SLICE < 1_000 and after_read - before == -(-1_001 // SLICE) and after_mark - after_read == slices
+    assert [rec["task_id"] for rec in records] == ids and {rec["s"] for rec in records} == {"SUCCEEDED"}
+    assert marked == 1_000 == store.archived_count()
+    assert all(r.hget(f"t:{t}", "h") == b"1" and r.ttl(f"t:{t}") > 6 * 86400 for t in ids[::97] + ids[-1:])
