@@ -120,9 +120,9 @@ def test_a_drain_takes_at_most_max_batches_when_bounded(service_env, monkeypatch
 
 
 def test_a_drain_batch_holds_redis_a_slice_at_a_time(service_env):
-    """A batch of 1,000 records is read and marked in slices of outbox.SLICE, one script call
+    """A batch of 1,000 records is read and marked in slices of rows.SLICE, one script call
     each (a call holds Redis for its whole run), and every record is read and marked."""
-    from lambdas.adapters.redis_store.outbox import SLICE
+    from lambdas.adapters.redis_store.rows import SLICE
     from lambdas.core import deps
 
     store = deps.store()

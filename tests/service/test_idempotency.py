@@ -86,6 +86,29 @@ def test_retry_of_an_attempt_that_died_before_answering_resends_only_queued_task
     assert sorted(resent) == sorted(ids[1:])
 
 
+def test_retry_of_an_attempt_that_died_between_the_slices_of_its_create(api, fn_id, ep_id):
+    """The store creates a large submission a slice at a time (rows.SLICE): an attempt that
+    stopped after its first slice leaves the rest to the retry, which creates them, sends the
+    submission's queued tasks and writes its history record once."""
+    from lambdas.adapters.redis_store.rows import SLICE
+    from lambdas.core import deps
+
+    r = deps.redis_client()
+    status, body = api.call("POST", "/tasks", _request(ep_id, fn_id, "k-sliced", n=SLICE + 40))
+    assert status == 202
+    ids = body["task_ids"]
+    # as if the service died after the first slice: no later slice, nothing queued, no answer
+    r.delete("idem:alice:k-sliced", "outbox", f"load:{ep_id}", *[f"t:{t}" for t in ids[SLICE:]])
+    r.delete(f"tasks:{ep_id}")
+    r.xgroup_create(f"tasks:{ep_id}", "agents", id="0", mkstream=True)
+    status, body2 = api.call("POST", "/tasks", _request(ep_id, fn_id, "k-sliced", n=SLICE + 40))
+    assert status == 202 and body2["task_ids"] == ids
+    assert _states(ids) == ["QUEUED"] * (SLICE + 40)
+    sent = [t["task_id"] for _, f in r.xrange(f"tasks:{ep_id}") for t in orjson.loads(f[b"b"])["tasks"]]
+    assert sorted(sent) == sorted(ids)
+    assert [e for e in r.lrange("outbox", 0, -1) if e.startswith(b"sub:")] and r.llen("outbox") == 1
+
+
 def test_a_key_held_by_a_dead_attempt_is_free_again_after_its_claim(api, fn_id, ep_id):
     from lambdas.core import deps
 

@@ -10,16 +10,10 @@ from typing import Any, Iterable
 import orjson
 import redis
 
+from lambdas.adapters.redis_store.rows import slices
+
 # What the history keeps of a task record (never its result or payload).
 HISTORY_FIELDS = ("o", "f", "e", "sub", "s", "r", "c", "ev", "why", "err")
-
-# Records per script call. A script holds Redis for its whole run: a drain batch of 2,000 in
-# one call held it 30-55 ms, and every client behind it waited; slices keep each under ~5 ms.
-SLICE = 250
-
-
-def _slices(items: list[str]) -> Iterable[list[str]]:
-    return (items[i:i + SLICE] for i in range(0, len(items), SLICE))
 
 
 class HistoryOutbox:
@@ -48,7 +42,7 @@ class HistoryOutbox:
         if not task_ids:
             return []
         out = []
-        for part in _slices(task_ids):
+        for part in slices(task_ids):
             for tid, values in zip(part, self._history_read(args=[",".join(HISTORY_FIELDS), *part])):
                 if values[0] is not None:
                     rec = {k: v.decode() for k, v in zip(HISTORY_FIELDS, values) if v is not None}
@@ -60,7 +54,7 @@ class HistoryOutbox:
         """Mark records written to the durable history and set their expiry; returns how
         many were newly marked."""
         return sum(int(self._archived(args=[f"{time.time():.6f}", self.result_ttl, self.unretrieved_ttl, *part]))
-                   for part in _slices(task_ids))
+                   for part in slices(task_ids))
 
     def archived_count(self) -> int:
         """Records archived since the store began (stats:archived)."""

@@ -14,7 +14,7 @@ from lambdas.adapters.redis_store.done import DoneStreams
 from lambdas.adapters.redis_store.graph import TaskGraph
 from lambdas.adapters.redis_store.idempotency import IdempotencyKeys
 from lambdas.adapters.redis_store.outbox import HistoryOutbox
-from lambdas.adapters.redis_store.rows import CANCEL_REASON, RECENT_MAX, Notice, TaskRow, decoded
+from lambdas.adapters.redis_store.rows import CANCEL_REASON, RECENT_MAX, Notice, TaskRow, decoded, slices
 from lambdas.adapters.redis_store.scripts import (ARCHIVED, CANCEL, CREATE, DIRECT, EXPIRE, FINISH,
                                                   HISTORY_READ, MEMO_HIT, PROGRESS, RETRIEVED, STATUS)
 from skyfn.protocol.queues.redis_streams import SOCKET_TIMEOUT_S
@@ -55,13 +55,22 @@ class TaskStore(IdempotencyKeys, DoneStreams, HistoryOutbox, TaskGraph):
         all start QUEUED and count in load:<endpoint> until final (an empty
         endpoint_id: none). A task with a memo key caches its result when it SUCCEEDS.
         `submission_record` goes to the history outbox in the same script (see
-        enqueue_submission_record). Returns how many were created, or -1, creating
-        nothing, when `only_if_new` and the first task exists (a retried submission)."""
-        args = [orjson.dumps(rows), f"{created:.6f}", owner, submission_id, f"{queued:.6f}", RECENT_MAX,
-                "1" if only_if_new else "0"]
-        if submission_record is not None:
-            args.append(b"sub:" + orjson.dumps(submission_record))
-        return int(self._create(args=args))
+        enqueue_submission_record), with the last slice: the tasks are created in slices
+        (rows.SLICE), each all or none. Returns how many were created, or -1, creating
+        nothing, when `only_if_new` and the first task exists (a retried submission; one
+        that stopped between slices is finished by the caller, tasks.py _not_yet_queued)."""
+        parts = list(slices(rows)) or [rows]
+        count = 0
+        for i, part in enumerate(parts):
+            args = [orjson.dumps(part), f"{created:.6f}", owner, submission_id, f"{queued:.6f}", RECENT_MAX,
+                    "1" if only_if_new and i == 0 else "0"]
+            if submission_record is not None and i == len(parts) - 1:
+                args.append(b"sub:" + orjson.dumps(submission_record))
+            made = int(self._create(args=args))
+            if made < 0:
+                return -1
+            count += made
+        return count
 
     # --- memoization (skyfn.protocol.memo) -----------------------------------------
     def memo_lookup(self, owner: str, keys: list[str]) -> list[str | None]:
@@ -110,12 +119,16 @@ class TaskStore(IdempotencyKeys, DoneStreams, HistoryOutbox, TaskGraph):
 
     def finish_notify(self, rows: list[list[Any]], endpoint_id: str = "") -> tuple[int, int, int, list[Notice]]:
         """finish for the results function's hot path: the notices come without statuses
-        (the caller passes its rows' to push.notify)."""
-        stored, dup, unknown, raw = self._finish(args=[orjson.dumps(rows), f"{time.time():.6f}", self.unretrieved_ttl,
-                                                       endpoint_id, int(self.memo_ttl), self.result_ttl])
-        notices = [Notice(decoded(owner), decoded(prev), decoded(entry), decoded(csv).split(","))
-                   for owner, prev, entry, csv in raw or ()]
-        return int(stored), int(dup), int(unknown), notices
+        (the caller passes its rows' to push.notify). A slice (rows.SLICE) per script call,
+        as smaller packs would be: an owner gets a notice per slice."""
+        totals, notices = [0, 0, 0], []
+        for part in slices(rows):
+            *counts, raw = self._finish(args=[orjson.dumps(part), f"{time.time():.6f}", self.unretrieved_ttl,
+                                              endpoint_id, int(self.memo_ttl), self.result_ttl])
+            totals = [t + int(c) for t, c in zip(totals, counts)]
+            notices += [Notice(decoded(owner), decoded(prev), decoded(entry), decoded(csv).split(","))
+                        for owner, prev, entry, csv in raw or ()]
+        return totals[0], totals[1], totals[2], notices
 
     def record_direct(self, rows: list[list[Any]], endpoint_id: str) -> tuple[int, int, int]:
         """Tasks of direct sessions, created final: rows [task_id, session, function_id,
@@ -129,9 +142,8 @@ class TaskStore(IdempotencyKeys, DoneStreams, HistoryOutbox, TaskGraph):
 
     def mark_retrieved(self, task_ids: list[str]) -> None:
         """Results handed to their owner by the push: read now (they expire result_ttl later)."""
-        if not task_ids:
-            return
-        self._retrieved(args=[f"{time.time():.6f}", self.result_ttl, *task_ids])
+        for part in slices(task_ids):
+            self._retrieved(args=[f"{time.time():.6f}", self.result_ttl, *part])
 
     def progress(self, rows: list[list[Any]], endpoint_id: str = "") -> int:
         """rows: [task_id, DISPATCHED|RUNNING|LEASE, ts, lease_seconds]; with `endpoint_id`,
