@@ -29,10 +29,10 @@ _ALLOW_OOM = "#!lua flags=allow-oom\n"
 _FINAL = "local FINAL = {SUCCEEDED=true, FAILED=true, TIMED_OUT=true, CANCELLED=true}\n"
 
 # An archived record's expiry (scripts.ARCHIVED): result_ttl after its read, which may be
-# past (gone now), else unretrieved_ttl.
+# past (gone now), else unretrieved_ttl. `rt`: the read time when the caller has it.
 EXPIRE_ARCHIVED = """
-local function expire_archived(key, ttl, unread_ms)
-  local rt = redis.call('HGET', key, 'rt')
+local function expire_archived(key, ttl, unread_ms, rt)
+  if rt == nil then rt = redis.call('HGET', key, 'rt') end  -- false: read already, none
   if rt then
     redis.call('PEXPIREAT', key, math.floor((tonumber(rt) + ttl) * 1000))
   else

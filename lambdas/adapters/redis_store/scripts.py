@@ -364,10 +364,12 @@ local now, ttl, unread = tonumber(ARGV[1]), tonumber(ARGV[2]), math.floor(tonumb
 local n = 0
 for i = 4, #ARGV do
   local key = 't:' .. ARGV[i]
-  if redis.call('EXISTS', key) == 1 and redis.call('HSET', key, 'h', 1) == 1 then
+  local v = redis.call('HMGET', key, 'o', 'h', 'pn', 'rt')  -- every record has its owner
+  if v[1] and not v[2] then
+    redis.call('HSET', key, 'h', 1)
     n = n + 1
     -- while a dependent will still read its result, the expiry comes with the last unpin
-    if redis.call('HEXISTS', key, 'pn') == 0 then expire_archived(key, ttl, unread) end
+    if not v[3] then expire_archived(key, ttl, unread, v[4]) end
   end
 end
 redis.call('INCRBY', 'stats:archived', n)
