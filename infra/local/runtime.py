@@ -316,7 +316,8 @@ def up(home=None, detach: bool = False, port: int | None = None, aws_endpoint: s
             from infra.local.sfn.service_env import deploy_state_machines
 
             deploy_state_machines(aws_url)
-            started.service = Service(redis.url, port=gateway_port, api_workers=api_workers).start()
+            started.service = Service(redis.url, port=gateway_port, api_workers=api_workers,
+                                      redis_pidfile=state.pidfile("redis")).start()
             write_pidfile(state.pidfile("service"), os.getpid())
             _wait_healthy(url, token, None, state.service_log)
         state.write_client_config(url, token)

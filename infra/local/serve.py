@@ -20,6 +20,7 @@ import threading
 
 from infra.local.event_source import EventSourceMapping, redis_results_queue
 from infra.local.gateway import Gateway
+from infra.local.rewrite_yield import RewriteYield
 from infra.local.scheduler import Scheduler, default_schedules
 from skyfn import gc_tuning
 
@@ -72,13 +73,14 @@ def apply_env(env: dict[str, str]) -> None:
 
 class Service:
     """Gateway (+ its WebSocket API) + results event-source mapping + schedules, started and
-    stopped together."""
+    stopped together; with `redis_pidfile`, the redis-server it names has its append-only
+    file's rewrites yield the cores (infra/local/rewrite_yield.py)."""
 
     def __init__(self, redis_url: str, *, port: int = 0, api="lambdas.api:handler", results=None,
                  schedules=None, api_workers: tuple[int, int] = (2, 16), results_visibility: float = 30.0,
-                 reaper_period: float = 5.0, history_period: float = 2.0, push: bool = True,
+                 reaper_period: float = 5.0, history_period: float = 0.5, push: bool = True,
                  api_env: dict | None = None, api_function: str = "skyfn-api", results_queue=None,
-                 results_batch: int = 100, results_function: str = "skyfn-results"):
+                 results_batch: int = 100, results_function: str = "skyfn-results", redis_pidfile=None):
         """`api_env` (with it, the API's environments are built from it alone, as Lambda's),
         `results_queue` (a factory of the results queue; default: the runtime's Redis
         stream) and the functions' names serve the runtime started from the templates."""
@@ -92,6 +94,7 @@ class Service:
             function_name=results_function, batch_size=results_batch, declare=results_queue is None)
         self.scheduler = Scheduler(schedules if schedules is not None
                                    else default_schedules(reaper_period, history_period))
+        self.rewrite_yield = RewriteYield(redis_pidfile) if redis_pidfile is not None else None
 
     @property
     def url(self) -> str:
@@ -100,7 +103,7 @@ class Service:
     def start(self) -> "Service":
         started = []
         try:
-            for part in (self.push_hub, self.gateway, self.event_source, self.scheduler):
+            for part in (self.rewrite_yield, self.push_hub, self.gateway, self.event_source, self.scheduler):
                 if part is None:
                     continue
                 part.start()
@@ -112,7 +115,7 @@ class Service:
         return self
 
     def stop(self) -> None:
-        for part in (self.scheduler, self.event_source, self.gateway, self.push_hub):
+        for part in (self.scheduler, self.event_source, self.gateway, self.push_hub, self.rewrite_yield):
             if part is None:
                 continue
             try:
@@ -157,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         # API's authorizer function does: with that function's environment and role
         os.environ.update(settings.pop("push_authorizer_env"))
         service = Service(record["redis_url"], port=record["gateway_port"],
-                          api_workers=tuple(record.get("api_workers", (2, 16))), **settings)
+                          api_workers=tuple(record.get("api_workers", (2, 16))),
+                          redis_pidfile=state.pidfile("redis"), **settings)
         service.start()
         gc_tuning.settle()
         log.info("serving %s as its templates describe it on %s (pid %d)", record["from_templates"], service.url,
@@ -170,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 
     deploy_state_machines(record["aws_endpoint"])
     service = Service(record["redis_url"], port=record["gateway_port"],
-                      api_workers=tuple(record.get("api_workers", (2, 16))))
+                      api_workers=tuple(record.get("api_workers", (2, 16))), redis_pidfile=state.pidfile("redis"))
     service.start()
     gc_tuning.settle()
     log.info("serving on %s (pid %d)", service.url, os.getpid())

@@ -38,7 +38,7 @@ ACCOUNT = "123456789012"
 
 # Schedules: the template's targets and inputs at the embedded runtime's periods (a rate of
 # minutes would make every test wait for the reaper); keyed by the handler of the target.
-LOCAL_PERIODS = {"lambdas.reaper.handler": 5.0, "lambdas.history.handler": 2.0}
+LOCAL_PERIODS = {"lambdas.reaper.handler": 5.0, "lambdas.history.handler": 0.5}
 DEFAULT_PERIOD = 60.0
 
 # What the embedded runtime puts in place of a managed service it cannot run, variable by
