@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 from infra.local.processes import recorded_process
@@ -23,6 +24,7 @@ from infra.local.processes import recorded_process
 log = logging.getLogger("skyfn.local.rewrite_yield")
 
 POLL_S = 0.05  # a rewrite lasts a second or more: caught within its first 5 %
+RECHECK_S = 1.0  # how often the pid file is read again (a restart, or a SIGKILLed server left a zombie)
 
 
 class RewriteYield:
@@ -48,11 +50,11 @@ class RewriteYield:
             self._thread.join(timeout=2)
 
     def _run(self) -> None:
-        pid = None
+        pid, checked = None, 0.0
         while not self._stop.wait(self.poll_s):
-            if pid is None:
+            if pid is None or time.monotonic() - checked >= RECHECK_S:
                 proc = recorded_process(self.pidfile)
-                pid = proc.pid if proc is not None else None
+                pid, checked = (proc.pid if proc is not None else None), time.monotonic()
                 if pid is None:
                     continue
             try:

@@ -5,6 +5,7 @@ watcher follows the pid file to a restarted server; the rewritten file still hol
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -17,7 +18,7 @@ from infra.local.rewrite_yield import RewriteYield
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE and /proc: Linux only")
 
 KEYS = 2_000
-DELAY_US = 1_000  # per key saved by the rewrite's child: ~2 s for KEYS
+DELAY_US = 2_000  # per key saved by the rewrite's child: ~4 s for KEYS (the pid file is read again every 1 s)
 
 
 def _children(pid: int) -> list[int]:
@@ -51,6 +52,7 @@ def test_rewrites_run_at_sched_idle_and_follow_a_restart(tmp_path):
     server = start_redis(tmp_path / "redis")
     write_pidfile(pidfile, server.pid)
     watcher = RewriteYield(pidfile, poll_s=0.02).start()
+    killed = None
     try:
         r = redis.Redis.from_url(server.url)
         assert r.config_get("auto-aof-rewrite-percentage") == {"auto-aof-rewrite-percentage": str(AOF_REWRITE_PERCENTAGE)}
@@ -61,10 +63,12 @@ def test_rewrites_run_at_sched_idle_and_follow_a_restart(tmp_path):
         assert watcher.yielded == list(seen)
         assert os.sched_getscheduler(server.pid) == os.SCHED_OTHER  # Redis itself is untouched
 
-        # SIGKILL and a restart on the same directory (as infra/local/recover.py does):
-        # the data comes back from the rewritten file, and the next rewrite yields too
-        server.kill()
-        server = start_redis(tmp_path / "redis", server.port)
+        # SIGKILL, left unreaped (a zombie, as under a parent that reaps late), and a restart
+        # on the same directory (as infra/local/recover.py does): the data comes back from
+        # the rewritten file, and the next rewrite yields too
+        killed = server
+        os.kill(killed.pid, signal.SIGKILL)
+        server = start_redis(tmp_path / "redis", killed.port)
         write_pidfile(pidfile, server.pid)
         r = redis.Redis.from_url(server.url)
         assert r.dbsize() == KEYS and int(r.get(f"k{KEYS - 1}")) == KEYS - 1
@@ -75,3 +79,5 @@ def test_rewrites_run_at_sched_idle_and_follow_a_restart(tmp_path):
     finally:
         watcher.stop()
         server.stop()
+        if killed is not None:
+            killed.proc.wait(5)
