@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 from infra.local.processes import recorded_process
@@ -31,8 +32,8 @@ class RewriteYield:
     def __init__(self, redis_pidfile: Path, poll_s: float = POLL_S):
         self.pidfile = Path(redis_pidfile)
         self.poll_s = poll_s
-        self.yielded: list[int] = []  # children put at SCHED_IDLE, oldest first
-        self._seen: set[int] = set()
+        self.yielded: deque[int] = deque(maxlen=64)  # the last children put at SCHED_IDLE, oldest first
+        self._seen: set[int] = set()  # children alive at the last look, each lowered once
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -65,10 +66,10 @@ class RewriteYield:
             except OSError as exc:  # no children file in this kernel
                 log.info("cannot list redis-server's children (%s): its rewrites run at the default priority", exc)
                 return
-            for child in map(int, children):
-                if child not in self._seen:
-                    self._seen.add(child)
-                    self._idle(child)
+            alive = set(map(int, children))
+            for child in alive - self._seen:
+                self._idle(child)
+            self._seen = alive
 
     def _idle(self, child: int) -> None:
         try:

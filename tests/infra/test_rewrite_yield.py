@@ -60,7 +60,7 @@ def test_rewrites_run_at_sched_idle_and_follow_a_restart(tmp_path):
         seen, info = _rewrite_policies(server, r)
         assert info["aof_last_bgrewrite_status"] == "ok"
         assert set(seen.values()) == {os.SCHED_IDLE}, seen  # seen running: at SCHED_IDLE from early on
-        assert watcher.yielded == list(seen)
+        assert list(watcher.yielded) == list(seen)
         assert os.sched_getscheduler(server.pid) == os.SCHED_OTHER  # Redis itself is untouched
 
         # SIGKILL, left unreaped (a zombie, as under a parent that reaps late), and a restart
@@ -75,7 +75,7 @@ def test_rewrites_run_at_sched_idle_and_follow_a_restart(tmp_path):
         seen2, info = _rewrite_policies(server, r)
         assert info["aof_last_bgrewrite_status"] == "ok"
         assert set(seen2.values()) == {os.SCHED_IDLE}, seen2
-        assert watcher.yielded == list(seen) + list(seen2)
+        assert list(watcher.yielded) == list(seen) + list(seen2)
     finally:
         watcher.stop()
         server.stop()
