@@ -109,10 +109,10 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = True,
                 secure: bool = False, maxmemory: str | None = None) -> ServerProcess:
     """A redis-server on loopback with an append-only file fsynced every second; `maxmemory`
     (see redis_maxmemory) bounds its memory, None leaves it unbounded. Snapshots (the AOF's
-    rewrites, every ~30 s under sustained load) are neither compressed nor checksummed: a
-    rewrite's child takes ~0.5 s of CPU for 300,000 task records instead of ~0.9 s (and 3-6 s
-    compressed) beside the task path, whose probes it slowed (benchmarks/soak.py,
-    docs/benchmarks.md "Sustained load"), for a larger base file. A checksum would cover
+    rewrites) are neither compressed nor checksummed: a rewrite's child takes ~0.5 s of CPU
+    for 300,000 task records instead of ~0.9 s (and 3-6 s compressed) beside the task path,
+    whose probes it slowed (benchmarks/soak.py, docs/benchmarks.md "Sustained load"), for a
+    larger base file. A checksum would cover
     only the base file's snapshot, never the commands appended after it, which carry none.
     A rewrite starts once the commands appended since the last one reach 3x the snapshot
     (AOF_REWRITE_PERCENTAGE; Redis's default is 1x): the hot store's records live a minute

@@ -1,5 +1,5 @@
 """The embedded runtime's redis-server rewrites its append-only file at SCHED_IDLE
-(infra/local/rewrite_yield.py): a real redis-server, a real rewrite (made to last ~2 s by
+(infra/local/rewrite_yield.py): a real redis-server, a real rewrite (made to last ~4 s by
 rdb-key-save-delay), its child's scheduling policy read from the kernel while it runs; the
 watcher follows the pid file to a restarted server; the rewritten file still holds the data."""
 from __future__ import annotations
