@@ -48,6 +48,13 @@ bench-e2e: bench-deps
 bench-agent: bench-deps
 	$(PY) -m benchmarks.agent --json
 
+# issue 37: the benchmark gate -- the figures users feel, each a ratio against a peer measured in
+# the same run, against benchmarks/gate_limits.yaml (about 3 minutes on 2 cores); .ci/run runs it
+# after `make test`. A figure past its limit fails naming the figure, value, limit and command.
+.PHONY: bench-gate
+bench-gate: bench-requirements
+	$(PY) -m benchmarks.gate --json
+
 # Where one round trip goes, part by part, with Parsl HTEX's in the same run (issue 13)
 .PHONY: bench-rtt-floor
 bench-rtt-floor: bench-deps
@@ -62,6 +69,17 @@ bench-warming: install
 .PHONY: bench-dataflow
 bench-dataflow: bench-requirements
 	$(PY) -m benchmarks.dataflow --json
+
+# issue 39: a fleet's worth -- the ladder N = 10, 100, 1,000 endpoints (light agents in fleet host
+# processes) and M = 10, 30, 100 users on one embedded runtime, each rung on a fresh runtime:
+# service CPU per task and per idle endpoint, Redis ops and bytes per idle endpoint,
+# connections, probe round trips on a busy and an idle endpoint, heartbeat-to-online lag
+# (benchmarks/fleet.py; ~25 minutes). FLEET_ARGS adds options, e.g. FLEET_ARGS="--rungs 10,100"
+# or FLEET_ARGS="--churn --churn-minutes 3".
+.PHONY: bench-fleet
+FLEET_ARGS ?=
+bench-fleet: install
+	$(PY) -m benchmarks.fleet --json $(FLEET_ARGS)
 
 # issue 24: sustained load, 5,000 no-op tasks/s for 10 minutes on the embedded runtime, results
 # read as they come; Redis memory, outbox, retirement and a probe's round trip sampled
@@ -93,6 +111,12 @@ $(PARSL_STAMP): requirements-parsl-suite.txt | $(STAMP)
 	touch $(PARSL_STAMP)
 test-parsl: install $(PARSL_STAMP)
 	bash scripts/test_parsl.sh
+
+# issue 40: direct sessions through NATs (network namespaces; needs root): tcp / punched /
+# relayed paths of one agent in one run (docs/direct-from-a-laptop.md).
+.PHONY: bench-direct-nat
+bench-direct-nat: install
+	$(PY) -m benchmarks.direct_nat --json
 
 # issue 4: comm — communicator through real NATs (network namespaces; needs root) vs
 # iperf3, a C socket ping-pong and Redis; rendezvous pairings/s; collectives on 2/4/8 ranks.
@@ -150,7 +174,7 @@ cdk-lint: synth
 # issue 25: the e2e suites against the runtime started from the synthesized templates
 # (`skyfn local up --from-templates`), IAM enforced in moto; the test sessions fail on any
 # AccessDenied and append what each function used to build/iam-usage.jsonl (the
-# least-privilege report: python -m infra.local.iam.report_cli)
+# least-privilege report: python -m infra.local.standins.iam.report_cli)
 TEMPLATES := build/cdk.out-local
 DEPLOY_SUITES := tests/e2e/test_task_path.py tests/e2e/test_push.py tests/e2e/test_push_final_states.py \
 	tests/e2e/test_large_data.py tests/e2e/test_memo.py tests/e2e/test_data.py tests/e2e/test_flows_ap.py \

@@ -48,15 +48,17 @@ def _cpu(p: psutil.Process) -> float:
 
 def _finished_tasks(store, n: int) -> list[str]:
     """n no-op tasks through the store's own scripts: created, finished, read by a push."""
+    from lambdas.adapters.redis_store.lua_rows import CreateRow, FinishRow
     from skyfn.protocol.ids import uuid7s
 
     ids_all: list[str] = []
     for _ in range(0, n, 2000):
         ids = uuid7s(2000)
         now = time.time()
-        store.create(OWNER, uuid7s(1)[0], [[t, "f" * 36, "e" * 36, 0] for t in ids], now, now)
+        store.create(OWNER, uuid7s(1)[0], [CreateRow(task_id=t, function_id="f" * 36, endpoint_id="e" * 36,
+                                                     max_retries=0) for t in ids], now, now)
         ran = f"DISPATCHED@{now + 0.001:.6f};RUNNING@{now + 0.002:.6f};"
-        store.finish([[t, "SUCCEEDED", "json 3.11\n1", None, None, ran] for t in ids])
+        store.finish([FinishRow(task_id=t, state="SUCCEEDED", result="json 3.11\n1", events=ran) for t in ids])
         store.mark_retrieved(ids)
         ids_all += ids
     return ids_all

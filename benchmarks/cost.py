@@ -24,6 +24,9 @@ of task ids and drain batch, its tasks zlib-compressed, so a task costs its shar
 page's write units instead of two (its item and the owner-index entry); Redis expires the
 records, so the reaper no longer purges. `--json` also holds the archive's cost before
 (`archive="items"`) and after (`"pages"`) per scenario.
+
+The idle fleet (issue 39): what 1,000 and 10,000 endpoints that run no task cost a month,
+by item (benchmarks/cost_idle.py); `--json` holds it under `idle_fleet`.
 """
 from __future__ import annotations
 
@@ -33,8 +36,8 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import yaml
-
+from benchmarks import cost_idle
+from benchmarks.aws_pricing import GB, HOURS_PER_MONTH, PRICES, lambda_cost, load_prices
 from endpoint_agent.config import EndpointConfig
 from infra.aws import sizing
 from infra.aws.config import (ARCHITECTURE, AVAILABILITY_ZONES, FUNCTIONS, INTERFACE_ENDPOINTS, RESULTS_BATCH_SIZE,
@@ -46,10 +49,7 @@ from skyfn.protocol.queues.sqs import BATCH_BYTES as SQS_BATCH_BYTES
 from skyfn.protocol.queues.sqs import BATCH_SIZE as SQS_BATCH_SIZE
 from stepfunctions.catalog import BATCH_FANOUT, STEPS
 
-PRICES = Path(__file__).with_name("aws_prices.yaml")
 SQS_CHUNK = 64 * 1024          # SQS bills every 64 KiB of a request as one request
-HOURS_PER_MONTH = 730
-GB = 1024 ** 3
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,8 @@ class Assumptions:
     status_wait_ms_batch: float = 500.0
     status_polls_single: int = 1        # the long-poll returns when the one task is final
     status_polls_batch: int = 2         # cursor polls per request (partial, then the rest)
+    result_send_ms: float = 5.0         # one SendMessageBatch of the agent's outbox (results arriving
+                                        # meanwhile leave together in the next pack: group commit)
     results_ms: float = 15.0            # one results-Lambda invocation, plus ...
     results_ms_per_result: float = 0.03
     history_ms_per_flush: float = 300.0  # before issue 24: one flush of ITEMS_BATCH task items
@@ -88,14 +90,6 @@ ARCHIVES = ("items", "pages")
 ITEMS_WRITE_UNITS_PER_TASK = 2
 ITEMS_BATCH = 500
 ITEMS_MEMORY_MB = 512
-
-
-def load_prices(path: Path = PRICES) -> dict:
-    data = yaml.safe_load(path.read_text())
-    for key in ("date", "region", "prices", "sources"):
-        if key not in data:
-            raise SystemExit(f"{path}: missing '{key}'")
-    return data
 
 
 def sqs_requests(message_sizes: list[int]) -> int:
@@ -148,11 +142,6 @@ def fanout_transitions(chunks: int, polls: int) -> int:
     return count
 
 
-def lambda_cost(invocations: float, ms_each: float, memory_mb: int, p: dict) -> float:
-    gb_s = invocations * math.ceil(ms_each) / 1000 * memory_mb / 1024
-    return gb_s * p["lambda_arm64_per_gb_second"] + invocations / 1e6 * p["lambda_requests_per_million"]
-
-
 def tasks_per_page(a: Assumptions = ASSUMPTIONS) -> int:
     """Tasks in one history page: a page holds one owner's tasks of one second of task ids
     (its bucket) taken in one drain batch, at most PAGE_TASKS; the scenarios are one owner
@@ -199,9 +188,10 @@ def scenario(total: int, per_request: int, prices: dict, a: Assumptions = ASSUMP
     units = [CHUNK_TASKS] * (per_request // CHUNK_TASKS) + ([per_request % CHUNK_TASKS] if per_request % CHUNK_TASKS else []) \
         if fanout else [per_request]
     packs = [size for u in units for size in task_packs(u, a)]
-    # Results: the agent flushes every result_flush_ms or at result_batch results.
+    # Results: group commit -- a pack holds what finished while the previous send was in
+    # flight (result_send_ms), at most result_batch.
     agent = EndpointConfig.model_fields
-    flush_results = max(1, int(a.throughput_tasks_per_s * agent["result_flush_ms"].default / 1000))
+    flush_results = max(1, int(a.throughput_tasks_per_s * a.result_send_ms / 1000))
     per_result_pack = min(agent["result_batch"].default, flush_results if single else per_request)
     result_packs = math.ceil(total / per_result_pack)
     result_sizes = [per_result_pack * a.result_bytes] * result_packs
@@ -329,8 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"archive capacity: {c['drainers']} drainers x {c['batch']:,} tasks / {c['seconds_per_batch']} s "
           f"x duty {c['duty_cycle']:.3f} = {c['tasks_per_s']:,.0f} tasks/s (batch time and page bytes: "
           "infra/aws/sizing.py, from benchmarks/archive.py with room for Lambda's CPU share)")
+    idle = cost_idle.idle_summary(prices)
+    cost_idle.print_summary(idle)
     if args.json:
         print(json.dumps({"tasks": args.tasks, "region": prices["region"], "prices_date": prices["date"],
+                          "prices_added": prices.get("added", {}), "idle_fleet": idle,
                           "lambda_architecture": ARCHITECTURE,
                           "lambda_memory_mb": {k: s.memory_mb for k, s in FUNCTIONS.items()},
                           "tasks_per_request": SCENARIOS, "scenarios": results, "fixed_monthly": fixed,

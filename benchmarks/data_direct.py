@@ -35,33 +35,24 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.data_peer import consume
+
 SIZES = {"1kib": 1 << 10, "1mib": 1 << 20, "100mib": 100 << 20}
 SECRET = os.urandom(32).hex()
 
 
 def _consume(pipe, stores: dict) -> None:
     """The consumer process: registers `stores` (name -> (connector config, secret)), then
-    answers each pickled ref with (monotonic time when resolved, size in bytes)."""
+    answers each pickled ref with (monotonic time when resolved, size in bytes), and
+    b"channels" with its channels (proof of the path)."""
     os.environ["SKYFN_DATA_CACHE_BYTES"] = "0"          # every sample goes to the connector
-    from skyfn.data import Store, context
-    from skyfn.data.connectors import from_config
+    consume(pipe, stores, {b"channels": _channel_stats})
 
-    context.set_user("bench")
-    for name, (config, secret) in stores.items():
-        Store(name, from_config(config), secret=secret)
-    while True:
-        msg = pipe.recv_bytes()
-        if not msg:
-            break
-        if msg == b"channels":                          # proof of the path: the consumer's channels
-            from skyfn.data.connectors.direct import channel_stats
 
-            pipe.send(channel_stats())
-            continue
-        ref = pickle.loads(msg)
-        size = memoryview(ref.__wrapped__).nbytes
-        pipe.send((time.monotonic(), size))
-        del ref
+def _channel_stats() -> dict:
+    from skyfn.data.connectors.direct import channel_stats
+
+    return channel_stats()
 
 
 class Pair:

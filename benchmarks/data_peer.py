@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import pickle
 import time
+from typing import Callable, Optional
 
 try:
     from proxystore.connectors.redis import RedisConnector as _PSRedis
@@ -43,7 +44,9 @@ def materialize(obj) -> int:
     return memoryview(target).nbytes
 
 
-def consume(pipe, stores: dict) -> None:
+def consume(pipe, stores: dict, requests: Optional[dict[bytes, Callable[[], object]]] = None) -> None:
+    """`requests`: other messages the producer may send (b"channels"), each answered with what
+    its function returns."""
     from skyfn.data import Store, context
     from skyfn.data.connectors import from_config
 
@@ -54,6 +57,9 @@ def consume(pipe, stores: dict) -> None:
         msg = pipe.recv_bytes()
         if not msg:
             break
+        if requests and msg in requests:
+            pipe.send(requests[msg]())
+            continue
         obj = pickle.loads(msg)
         size = materialize(obj)
         pipe.send((time.monotonic(), size))

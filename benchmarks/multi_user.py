@@ -2,12 +2,14 @@
 throughput of many users, and the memory of an idle user agent.
 
     sudo .venv/bin/python benchmarks/multi_user.py [--json] [--users 10] [--tasks 1000] [--rtt 200]
-                                                   [--repeat 3] [--workers 2] [--idle 5] [--quick]
+                                                   [--repeat 3] [--workers 2] [--idle-wait 5] [--quick]
                                                    [--logs DIR]
 
-(also `python -m benchmarks.multi_user`). It must run as root, as a site's privileged
-process does, and needs useradd, redis-server and /usr/bin/python3 of the venv's minor
-version; otherwise it refuses with the reason (exit code 2).
+(also `python -m benchmarks.multi_user`). With `--idle` it measures many idle users instead
+(agents stopped and started again, lanes unbound and bound again, the privileged process's
+idle CPU): benchmarks/multi_user_idle.py, `--users 200 --idle`. It must run as root, as a
+site's privileged process does, and needs useradd, redis-server and /usr/bin/python3 of the
+venv's minor version; otherwise it refuses with the reason (exit code 2).
 
 Setup (all made here, all removed at the end, also after an error or Ctrl-C/SIGTERM):
 
@@ -59,13 +61,13 @@ Figures (JSON keys; goals from issue 23's "What must be shown"):
   Executor per user, each user with a user agent of `--workers` workers) over that of
   one user x users*tasks tasks on the same endpoint (one user agent). After one untimed
   round of the many-user batch (the embedded service starts a Lambda environment when all
-  are busy, infra/local/lambda_pool.py: 10 concurrent users need more of them, and the
+  are busy, infra/local/standins/lambda_pool.py: 10 concurrent users need more of them, and the
   first round paid for starting them), `--repeat` rounds alternate
   the two batches and the ratio is of their medians (`many_users_batch_s`,
   `one_user_batch_s`: each round).
 - `idle_user_agent_rss_mb`: the median over the users' agents of the RSS summed over the
   user agent's process tree (the agent, its manager and workers, its data redis-server),
-  `--idle` seconds after its first task; `idle_user_agent_pss_mb` the same as PSS
+  `--idle-wait` seconds after its first task; `idle_user_agent_pss_mb` the same as PSS
   (shared pages counted once across the tree: what the tree really costs).
 
 `--logs DIR` keeps the endpoints' and user agents' logs. `--quick` (3 users x 200 tasks,
@@ -80,12 +82,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from datetime import datetime
@@ -95,11 +94,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as `python benchmarks/multi_user.py`
     sys.path.insert(0, str(ROOT))
 
-from tests.multiuser import MAPPING_DOMAIN as DOMAIN  # noqa: E402 - the rule write_site_files writes
+from benchmarks.multi_user_site import MU, SU, Site, problem  # noqa: E402
 
-MU, SU = "mu", "su"
-TOKEN_TTL = 6 * 3600
-QUICK = {"users": 3, "tasks": 200, "rtt": 40, "idle": 3.0}
+QUICK = {"users": 3, "tasks": 200, "rtt": 40, "idle_wait": 3.0}
 GOALS = {"cold_start_first_result_s": "<= 1.5", "warm_rtt_over_single_user": "<= 1.1",
          "ten_users_over_one_user": ">= 0.8"}
 
@@ -111,254 +108,6 @@ def noop(x):
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
-def problem() -> str | None:
-    """Why this machine cannot run the benchmark, or None."""
-    if os.geteuid() != 0:
-        return ("benchmarks/multi_user.py must run as root: a multi-user endpoint's privileged process starts each "
-                "user agent as a local account, and the benchmark makes those accounts (useradd). Run it with sudo.")
-    for tool in ("useradd", "userdel", "redis-server"):
-        if not shutil.which(tool):
-            return f"benchmarks/multi_user.py needs {tool} on PATH"
-    from tests.multiuser import system_python_problem
-
-    return system_python_problem()
-
-
-class Site:
-    """The runtime, the accounts, the two endpoints; `close()` removes everything."""
-
-    def __init__(self, users: int, workers: int, echo):
-        from tests.multiuser import LocalAccounts
-
-        self.n_users, self.workers, self.echo = users, workers, echo
-        self.accounts_made = LocalAccounts("mub")
-        self.accounts: list[str] = []
-        self.python_copy = None
-        self.python = self.pythonpath = ""
-        self.home = Path(tempfile.mkdtemp(prefix="skyfn-mub-home-"))
-        self.runtime_dir = Path(tempfile.mkdtemp(prefix="skyfn-mub-run-"))
-        os.chmod(self.runtime_dir, 0o755)
-        self.state = None
-        self.runtime_up = False
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.endpoint_ids: dict[str, str] = {}
-        self.clients: list = []
-        self.old_home = os.environ.get("SKYFN_HOME")
-
-    # --- setup -----------------------------------------------------------------------
-    def open(self) -> "Site":
-        from infra.local import runtime
-        from infra.local.state import StateDir
-        from tests.multiuser import shared_python_copy
-
-        self.python_copy = shared_python_copy()
-        self.python, self.pythonpath = self.python_copy.__enter__()
-        os.environ["SKYFN_HOME"] = str(self.home)
-        self.state = StateDir.at(self.home)
-        self.echo(f"making {self.n_users} accounts")
-        self.accounts = [self.accounts_made.user() for _ in range(self.n_users)]
-        self.echo("starting the embedded runtime")
-        self.runtime_up = True
-        runtime.up(self.home, detach=True, endpoint=False, echo=lambda *_: None)
-        self._write_multi_user()
-        self._write_single_user()
-        admin_token = runtime.mint_token(self.state, "site-admin", TOKEN_TTL)
-        self.echo("starting the multi-user endpoint and the single-user endpoint")
-        self._start(MU, self.home / "endpoints" / MU, sys.executable, {"SKYFN_TOKEN": admin_token}, cwd=ROOT)
-        self._start(SU, self.home / "endpoints" / SU, self.python,
-                    {"SKYFN_TOKEN": self.token(0), "PYTHONPATH": self.pythonpath}, cwd=self.home)
-        for name in (MU, SU):
-            self._wait_running(name)
-        admin = self.client_of("site-admin", None)
-        admin.share("endpoints", self.endpoint_ids[MU], "all-users", "run")
-        return self
-
-    @property
-    def service_url(self) -> str:
-        return self.state.read_runtime()["service_url"]
-
-    def endpoint_dir(self, name: str) -> Path:
-        return self.home / "endpoints" / name
-
-    def token(self, i: int) -> str:
-        from infra.local import runtime
-
-        return runtime.mint_token(self.state, f"user{i}-id", TOKEN_TTL, email=f"{self.accounts[i]}@{DOMAIN}")
-
-    def client_of(self, user: str, email: str | None):
-        from infra.local import runtime
-        from skyfn import Client
-
-        c = Client(service_url=self.service_url, token=runtime.mint_token(self.state, user, TOKEN_TTL, email=email))
-        self.clients.append(c)
-        return c
-
-    def user_client(self, i: int):
-        return self.client_of(f"user{i}-id", f"{self.accounts[i]}@{DOMAIN}")
-
-    def _write_multi_user(self) -> None:
-        import yaml
-
-        from endpoint_agent.multiuser.configure import write_multi_user_files
-        from endpoint_agent.paths import EndpointPaths
-        from tests.multiuser import write_site_files
-
-        paths = EndpointPaths(MU, root=self.home / "endpoints").ensure()
-        write_multi_user_files(paths)
-        config = yaml.safe_load(paths.config.read_text())
-        config.update({"runtime_directory": str(self.runtime_dir / "{name}"), "user_agent_python": self.python})
-        paths.config.write_text(yaml.safe_dump(config))
-        write_site_files(paths.dir, pythonpath=self.pythonpath, template=(
-            "provider: local\n"
-            f"workers: {{{{ workers | default({self.workers}) }}}}\n"
-            "log_level: INFO\n"
-            "data:\n  default: redis\n  redis:\n    start: true\n"))
-
-    def _write_single_user(self) -> None:
-        from endpoint_agent.paths import EndpointPaths
-
-        paths = EndpointPaths(SU, root=self.home / "endpoints").ensure()
-        paths.config.write_text(f"provider: local\nworkers: {self.workers}\nlog_level: INFO\n"
-                                "data:\n  default: redis\n  redis:\n    start: true\n")
-
-    def _start(self, name: str, directory: Path, python: str, env: dict, cwd: Path) -> None:
-        env = {**os.environ, "SKYFN_HOME": str(self.home), "SKYFN_SERVICE_URL": self.service_url, **env}
-        with open(directory / "agent-foreground.log", "ab") as log:
-            self.procs[name] = subprocess.Popen([python, "-m", "endpoint_agent", "start", name, "--foreground"],
-                                                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                                cwd=str(cwd), start_new_session=True)
-
-    def _wait_running(self, name: str, timeout: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            status = self.status(name)
-            if status.get("state") == "running" and status.get("endpoint_id"):
-                self.endpoint_ids[name] = status["endpoint_id"]
-                return
-            if self.procs[name].poll() is not None:
-                raise RuntimeError(f"endpoint {name} exited: {self.log_tail(name)}")
-            time.sleep(0.1)
-        raise RuntimeError(f"endpoint {name} did not start within {timeout:.0f} s: {self.log_tail(name)}")
-
-    def status(self, name: str) -> dict:
-        try:
-            return json.loads((self.endpoint_dir(name) / "status.json").read_text())
-        except (FileNotFoundError, ValueError):
-            return {}
-
-    def log_tail(self, name: str, n: int = 30) -> str:
-        try:
-            lines = (self.endpoint_dir(name) / "agent-foreground.log").read_text(errors="replace").splitlines()
-        except OSError:
-            return "(no log)"
-        return "\n".join(lines[-n:])
-
-    def user_agent(self, account: str, timeout: float = 10.0) -> dict:
-        """The status.json entry of the account's user agent (written within ~0.5 s of a change)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            for ua in self.status(MU).get("user_agents", []):
-                if ua["account"] == account and ua.get("pid") and ua.get("alive"):
-                    return ua
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no running user agent of {account} in {self.endpoint_dir(MU) / 'status.json'}")
-            time.sleep(0.1)
-
-    def save_logs(self, target: Path) -> None:
-        target.mkdir(parents=True, exist_ok=True)
-        for path in list(self.endpoint_dir(MU).glob("*.log")) + list(self.endpoint_dir(SU).glob("*.log")) + \
-                list((self.endpoint_dir(MU) / "router" / "agents").glob("*.log")):
-            shutil.copy(path, target / f"{path.parent.name}-{path.name}")
-        self.echo(f"logs copied to {target}")
-
-    # --- teardown ----------------------------------------------------------------------
-    def close(self) -> None:
-        """Everything made, in order; each step runs whatever the previous ones did."""
-        from infra.local import runtime
-
-        steps = [("clients", self._close_clients)]
-        for name in (MU, SU):
-            steps.append((f"endpoint {name}", lambda n=name: self._stop(n)))
-        steps += [("leftover redis-servers", self._end_leftover_redis),
-                  ("processes of the accounts", self._kill_account_processes)]
-        if self.runtime_up:
-            steps.append(("runtime", lambda: runtime.down(self.home, echo=lambda *_: None)))
-        steps += [("accounts", self.accounts_made.remove_all),
-                  ("directories", self._remove_directories)]
-        if self.python_copy is not None:
-            steps.append(("shared interpreter", lambda: self.python_copy.__exit__(None, None, None)))
-        for what, step in steps:
-            try:
-                step()
-            except BaseException as exc:  # noqa: BLE001 - clean up the rest whatever happens
-                print(f"cleanup of {what} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        if self.old_home is None:
-            os.environ.pop("SKYFN_HOME", None)
-        else:
-            os.environ["SKYFN_HOME"] = self.old_home
-
-    def _remove_directories(self) -> None:
-        for path in (self.runtime_dir, self.home):
-            shutil.rmtree(path, ignore_errors=True)
-
-    def _close_clients(self) -> None:
-        for c in self.clients:
-            try:
-                c.close()
-            except Exception:  # noqa: BLE001
-                pass
-        self.clients.clear()
-
-    def _stop(self, name: str, timeout: float = 90.0) -> None:
-        proc = self.procs.pop(name, None)
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            print(f"endpoint {name} did not stop within {timeout:.0f} s: killing it (pid {proc.pid})", file=sys.stderr)
-            proc.kill()
-            proc.wait(10)
-
-    def _end_leftover_redis(self) -> None:
-        """Redis servers a killed endpoint left: the router's (its record) and the single-user agent's data one."""
-        from endpoint_agent.data.plane import end_leftover_redis
-        from endpoint_agent.data.redis_process import end_redis, is_redis
-
-        record = self.endpoint_dir(MU) / "router" / "redis.json"
-        try:
-            pid = json.loads(record.read_text()).get("pid")
-        except (OSError, ValueError):
-            pid = None
-        if pid and is_redis(pid):
-            end_redis(pid)
-        end_leftover_redis(self.endpoint_dir(SU))
-
-    def _kill_account_processes(self) -> None:
-        """Whatever still runs as one of the accounts made here (user agents, their workers and
-        data redis-servers after a hard stop): killed by pid."""
-        import pwd
-
-        import psutil
-
-        uids = set()
-        for name in self.accounts_made.made:
-            try:
-                uids.add(pwd.getpwnam(name).pw_uid)
-            except KeyError:
-                pass
-        if not uids:
-            return
-        left = [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real in uids]
-        for p in left:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(left, timeout=10)
 
 
 # --- measurements -------------------------------------------------------------------------
@@ -522,9 +271,9 @@ def measure(site: Site, args, echo) -> dict:
         idle_since = time.monotonic()
 
         # 2. idle user agents' memory
-        time.sleep(max(0.0, args.idle - (time.monotonic() - idle_since)))
+        time.sleep(max(0.0, args.idle_wait - (time.monotonic() - idle_since)))
         mems = [tree_memory(ua["pid"]) for ua in agents]
-        echo(f"idle user agents (after >= {args.idle:g} s idle): RSS "
+        echo(f"idle user agents (after >= {args.idle_wait:g} s idle): RSS "
              f"{', '.join(f'{m[0]:.0f}' for m in mems)} MB; PSS {', '.join(f'{m[1]:.0f}' for m in mems)} MB; "
              f"{mems[0][2]} processes each; RSS by process of the first: {mems[0][3]}")
 
@@ -584,16 +333,45 @@ def measure(site: Site, args, echo) -> dict:
     }
 
 
+def idle_main(args, echo, load_before: float) -> int:
+    from benchmarks.multi_user_idle import run
+
+    out = run(args, echo)
+    out.update({"cpus": os.cpu_count(),
+                "load_average": {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}})
+    echo(f"privileged process, all {args.users} idle and stopped: {out['router_idle_cpu_percent']} % of a core "
+         "(goal <= 2)")
+    echo(f"restart by the next task: p50 {out['cold_start_restart_s']['p50']} s, p95 "
+         f"{out['cold_start_restart_s']['p95']} s (goal <= 1.5); after the lane was unbound: p50 "
+         f"{out['cold_start_rebind_s']['p50']} s, p95 {out['cold_start_rebind_s']['p95']} s")
+    echo(f"tasks lost: {out['tasks_lost']} of {out['tasks_submitted']}")
+    if args.json:
+        print(json.dumps(out), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     ap.add_argument("--users", type=int, default=10, help="users (accounts, user agents) of the throughput run")
     ap.add_argument("--tasks", type=int, default=1000, help="tasks per user in the throughput run")
     ap.add_argument("--rtt", type=int, default=200, help="round trips timed on each endpoint")
-    ap.add_argument("--workers", type=int, default=2, help="workers of each user agent and of the single-user endpoint")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="workers of each user agent and of the single-user endpoint (default 2; 1 with --idle)")
     ap.add_argument("--repeat", type=int, default=3,
                     help="rounds of the throughput pair (many users, then one user); medians are reported")
-    ap.add_argument("--idle", type=float, default=5.0, help="seconds a user agent idles before its memory is read")
+    ap.add_argument("--idle-wait", type=float, default=5.0,
+                    help="seconds a user agent idles before its memory is read")
+    idle = ap.add_argument_group("--idle: many users, most idle (benchmarks/multi_user_idle.py)")
+    idle.add_argument("--idle", action="store_true",
+                      help="measure idle users instead: agents stopped and started again, lanes unbound and bound "
+                           "again, the privileged process's idle CPU (use with --users 200)")
+    idle.add_argument("--idle-timeout", type=float, default=5.0, help="the endpoint's idle_timeout in --idle")
+    idle.add_argument("--lane-idle", type=float, default=600.0,
+                      help="the endpoint's lane_idle_timeout in --idle (longer than phases 1-3 take)")
+    idle.add_argument("--window", type=float, default=20.0, help="seconds each CPU figure of --idle is taken over")
+    idle.add_argument("--running", type=int, default=50,
+                      help="users whose agents are up at once for the running-CPU figure of --idle (0: skip)")
     ap.add_argument("--logs", type=Path, default=None,
                     help="copy the endpoints' and the user agents' logs into this directory before cleaning up")
     ap.add_argument("--quick", action="store_true",
@@ -603,6 +381,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)
+    if args.workers is None:
+        args.workers = 1 if args.idle else 2
+    if args.idle and (args.lane_idle < args.idle_timeout or min(args.idle_timeout, args.window) <= 0):
+        ap.error("--idle needs --idle-timeout and --window above 0 and --lane-idle at least --idle-timeout")
     if min(args.users, args.tasks, args.rtt, args.repeat, args.workers) < 1:
         ap.error("--users, --tasks, --rtt, --repeat and --workers must be at least 1")
     why = problem()
@@ -618,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     load_before = os.getloadavg()[0]
+    if args.idle:
+        return idle_main(args, echo, load_before)
     site = Site(args.users, args.workers, echo)
     started = time.monotonic()
     try:

@@ -130,7 +130,7 @@ class Sites:
     def __enter__(self) -> "Sites":
         from infra.local import runtime
         from infra.local.agent import endpoint_command
-        from infra.local.lambda_pool import REPO_ROOT, child_env
+        from infra.local.standins.lambda_pool import REPO_ROOT, child_env
 
         os.environ["SKYFN_HOME"] = str(self.home)
         runtime.up(self.home, detach=True, endpoint=False, echo=lambda *_: None)

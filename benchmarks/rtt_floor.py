@@ -11,7 +11,7 @@ pause between calls (the pause a 3-8 ms round trip leaves each process).
 - ``hop``: one message between two processes (ZeroMQ over ipc, half a ping-pong): the
   least a process boundary costs here, before any work;
 - ``lambda_env``: one invocation of a trivial handler in the embedded runtime's Lambda
-  environment (infra/local/lambda_pool.py: the gateway's hand-over to a handler process);
+  environment (infra/local/standins/lambda_pool.py: the gateway's hand-over to a handler process);
 - ``gateway_static`` / ``gateway_whoami``: GET /ui/ answered by the local gateway itself,
   and GET /whoami through it and the API function (token check, rate limit, routing):
   the cost of any request before it does anything;
@@ -92,7 +92,7 @@ def zmq_hop(n: int) -> dict:
 
 
 def lambda_env(n: int) -> dict:
-    from infra.local.lambda_pool import LambdaPool
+    from infra.local.standins.lambda_pool import LambdaPool
 
     pool = LambdaPool("benchmarks.rtt_floor:trivial_handler", min_workers=1, max_workers=1).start()
     event = {"httpMethod": "GET", "path": "/", "headers": {"Authorization": "Bearer " + "x" * 600}, "body": None}

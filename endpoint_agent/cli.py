@@ -118,9 +118,12 @@ def start(name: str,
 
 
 def _run_foreground(name: str, paths: EndpointPaths, config) -> int:
-    from endpoint_agent.agent import Agent
+    if config.engine.inline:  # the light agent: tasks run in this process (endpoint_agent/light/)
+        from endpoint_agent.light import LightAgent as make
+    else:
+        from endpoint_agent.agent import Agent as make
 
-    return _run_under_pidfile(paths, config.log_level, "skyfn.agent", lambda: Agent(name, config, paths=paths))
+    return _run_under_pidfile(paths, config.log_level, "skyfn.agent", lambda: make(name, config, paths=paths))
 
 
 def _run_under_pidfile(paths: EndpointPaths, log_level: str, logger: str, make_agent) -> int:

@@ -11,6 +11,7 @@ without the service: no registration, no heartbeats (tests, air-gapped set-ups).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 from pathlib import Path
@@ -19,13 +20,22 @@ from typing import Any, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from endpoint_agent import allowlist
+from endpoint_agent import allowlist, yaml_text
 from endpoint_agent.data.config import DataConfig
 from endpoint_agent.errors import ConfigError
 from endpoint_agent.paths import EndpointPaths, skyfn_home
+from skyfn.private_file import write_private
 from skyfn.protocol.allowlist import AllowedFunction
 from skyfn.protocol.api import QueueDescriptor
 from skyfn.protocol.messages import PACK_MAX_TASKS
+
+log = logging.getLogger("skyfn.agent.config")
+
+# key -> why it no longer does anything
+OBSOLETE_KEYS = {
+    "result_flush_ms": "results leave by group commit since issue 37: at once when nothing is in flight, "
+                       "together when a send is; result_batch bounds a pack",
+}
 
 
 def _cpu_count() -> int:
@@ -49,7 +59,6 @@ ALLOWED: dict[str, str] = {
     "lease_seconds": "a number of seconds from 1 to 43200",
     "receive_batch": "an integer from 1 to 1000",
     "receive_wait": "a number of seconds from 0 to 20",
-    "result_flush_ms": "a number of milliseconds from 0 to 10000",
     "result_batch": "an integer from 1 to 10000",
     "local_results_mb": "a number of MiB from 0 to 65536 (0: dependents always go through the service)",
     "grace_period": "a number of seconds from 0 to 86400",
@@ -74,8 +83,13 @@ ALLOWED: dict[str, str] = {
             "data stores",
     "allowed_functions": "a list of function ids (UUIDs) and {owner, name} mappings: the only functions that may "
                          "run here (endpoint_agent/allowlist.py)",
+    "engine": "a mapping {type: interchange (managers and worker processes, the default) or inline (tasks run in "
+              "the agent's own process, by a thread pool shared by every agent of the process), threads: 1 to 1024 "
+              "(inline: the pool's size)}; see endpoint_agent/README.md, \"The light agent\"",
     "direct": "a mapping {listen: the host to bind (127.0.0.1: this machine only; 0.0.0.0: all), port: 0 (any "
-              "free port) to 65535, advertise: the host SDKs connect to}, or true for the defaults; absent: off",
+              "free port) to 65535, advertise: the host SDKs connect to, reach: address (SDKs connect to that "
+              "port), rendezvous (no port: SDKs come through the service's rendezvous server, punched or "
+              "relayed) or auto (both), punch_timeout: seconds}, or true for the defaults; absent: off",
 }
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "ip6-localhost")
@@ -93,6 +107,18 @@ class DirectConfig(BaseModel):
     listen: str = Field(default="127.0.0.1", min_length=1)
     port: int = Field(default=0, ge=0, le=65535)
     advertise: Optional[str] = Field(default=None, min_length=1)
+    # address: a TCP port SDKs connect to; rendezvous: no port at all, SDKs reach the agent
+    # through the service's rendezvous server (skyfn.protocol.direct_path); auto: both
+    reach: Literal["address", "rendezvous", "auto"] = "address"
+    punch_timeout: float = Field(default=3.0, gt=0, le=60)
+
+    @property
+    def by_address(self) -> bool:
+        return self.reach in ("address", "auto")
+
+    @property
+    def by_rendezvous(self) -> bool:
+        return self.reach in ("rendezvous", "auto")
 
     @field_validator("listen", "advertise")
     @classmethod
@@ -113,8 +139,46 @@ class DirectConfig(BaseModel):
         return self.listen if self.listen not in ("0.0.0.0", "*") else socket.getfqdn()
 
 
+class EngineConfig(BaseModel):
+    """`engine:`: how the agent runs its tasks. `interchange` (the default): an interchange
+    with managers and worker processes. `inline`: the light agent (endpoint_agent/light/),
+    which runs them in its own process, on a thread pool shared by every agent of that
+    process (`threads` its size) -- no interchange, manager or worker process."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["interchange", "inline"] = "interchange"
+    threads: int = Field(default=4, ge=1, le=1024)
+
+    @property
+    def inline(self) -> bool:
+        return self.type == "inline"
+
+
+# what the inline engine cannot do: key -> why (EndpointConfig._inline_engine)
+INLINE_REFUSES = {
+    "blocks": "it starts no blocks of nodes",
+    "containers": "it runs tasks in its own process, in no container",
+    "placement_policy": "it has no managers to place tasks on",
+    "direct": "direct sessions go to an interchange",
+}
+
+
 class EndpointConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _obsolete_keys(cls, data: Any) -> Any:
+        """Keys of older versions that no longer do anything are dropped with a warning,
+        so a config written for them still starts."""
+        if isinstance(data, dict) and any(k in data for k in OBSOLETE_KEYS):
+            data = dict(data)
+            for key, why in OBSOLETE_KEYS.items():
+                if key in data:
+                    data.pop(key)
+                    log.warning("config: %s is obsolete and ignored (%s); remove it", key, why)
+        return data
 
     service_url: Optional[str] = Field(default=None, pattern=r"^https?://\S+$")
     token: Optional[str] = Field(default=None, min_length=1)
@@ -129,8 +193,10 @@ class EndpointConfig(BaseModel):
     heartbeat_period: float = Field(default=10.0, ge=0.1, le=3600)
     lease_seconds: float = Field(default=60.0, ge=1, le=43200)
     receive_batch: int = Field(default=10, ge=1, le=1000)
-    receive_wait: float = Field(default=1.0, ge=0, le=20)
-    result_flush_ms: float = Field(default=5.0, ge=0, le=10000)
+    # SQS's longest long poll: an idle endpoint asks its queues 3 times a minute, not 60 (the
+    # idle fleet's bill, docs/deploy.md); a task still comes at once, and a stop does not wait
+    # for the poll (endpoint_agent/service/poller.py)
+    receive_wait: float = Field(default=20.0, ge=0, le=20)
     result_batch: int = Field(default=500, ge=1, le=10000)
     # Results of this agent's tasks kept for dependents sent ahead of their inputs
     # (interchange/parked.py); a result over an eighth of this goes through the service.
@@ -162,6 +228,16 @@ class EndpointConfig(BaseModel):
     allowed_functions: Optional[list[AllowedFunction]] = None
     # direct sessions: SDKs send task packs straight to the interchange (None: off)
     direct: Optional[DirectConfig] = None
+    # how tasks run: an interchange with managers and workers, or inline (the light agent)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine_type(cls, value: Any) -> Any:
+        # `engine: inline` is short for `engine: {type: inline}`
+        if isinstance(value, str):
+            return {"type": value}
+        return {} if value is None else value
 
     @field_validator("direct", mode="before")
     @classmethod
@@ -221,6 +297,18 @@ class EndpointConfig(BaseModel):
                 raise ValueError("containers need endpoint_agent.containers") from None
             except ValueError as exc:
                 raise ValueError(f"containers: {exc}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _inline_engine(self) -> "EndpointConfig":
+        if self.engine.inline:
+            given = [key for key in INLINE_REFUSES if getattr(self, key) is not None]
+            if self.provider != "local":
+                given.insert(0, "provider")
+            if given:
+                why = "; ".join(f"{k}: {INLINE_REFUSES.get(k, 'it runs tasks on this machine only')}" for k in given)
+                raise ValueError(f"engine type inline (the light agent) cannot be combined with {', '.join(given)} "
+                                 f"({why}); remove {'them' if len(given) > 1 else 'it'} or use engine type interchange")
         return self
 
     @model_validator(mode="after")
@@ -308,13 +396,7 @@ def load_config(path: Path) -> EndpointConfig:
         text = Path(path).read_text()
     except FileNotFoundError:
         raise ConfigError(f"no configuration at {path}: run `skyfn-endpoint configure NAME` first") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{path}{where}: not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
-    return parse_config(data, str(path), text)
+    return parse_config(yaml_text.load(text, str(path)), str(path), text)
 
 
 def template(name: str) -> str:
@@ -351,13 +433,15 @@ provider: local            # allowed: local, slurm, pbs
 # prefetch: 256            # tasks taken beyond free workers (default: max(256, 64 * workers))
 # grace_period: 30         # seconds in-flight tasks may finish after SIGTERM
 # max_task_retries: 1      # re-runs of a task whose worker process died under it
+# engine:                  # how tasks run; the default: an interchange with managers and workers
+#   type: inline           # the light agent: tasks run in this process on a shared thread pool
+#   threads: 4             # (no managers, workers, containers, blocks or direct sessions)
 
 # --- Queue and results -------------------------------------------------------
 # lease_seconds: 60        # visibility timeout of task messages, extended every lease_seconds/3
 # receive_batch: 10        # messages (task packs) per receive
-# receive_wait: 1          # long-poll wait, seconds (also bounds how long a stop waits for it)
+# receive_wait: 20         # long-poll wait, seconds (a task comes at once; a stop does not wait for it)
 # result_batch: 500        # results per result message at most
-# result_flush_ms: 5       # results are sent at most this long after the previous send
 # local_results_mb: 64     # results kept here for dependents released on this endpoint
 # heartbeat_period: 10     # seconds between heartbeats to the service
 
@@ -384,6 +468,10 @@ provider: local            # allowed: local, slurm, pbs
 #   listen: 127.0.0.1              # bind address; 0.0.0.0 to take sessions from other machines
 #   port: 0                        # 0: any free port (published with each heartbeat)
 #   advertise: <host>              # the host SDKs connect to (default: listen, or this host's name)
+#   reach: address                 # address: SDKs connect to that port; rendezvous: no port at all, SDKs
+#                                  # come through the service's rendezvous server (punched, else relayed;
+#                                  # behind a NAT or a site firewall); auto: both
+#   punch_timeout: 3               # seconds to punch before the rendezvous relays
 
 # --- Which functions may run here ------------------------------------------------
 # allowed_functions:               # absent: any function its users may submit; a list: only these
@@ -417,12 +505,7 @@ def write_template(paths: EndpointPaths, force: bool = False) -> Path:
     paths.ensure()
     if paths.config.exists() and not force:
         raise FileExistsError(f"{paths.config} exists; use --force to overwrite it")
-    tmp = paths.config.with_suffix(".yaml.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it may come to hold a token
-    with os.fdopen(fd, "w") as f:
-        f.write(template(paths.name))
-    os.replace(tmp, paths.config)
-    return paths.config
+    return write_private(paths.config, template(paths.name))  # private: it may come to hold a token
 
 
 def resolve_service(config: EndpointConfig) -> tuple[str, str]:

@@ -36,8 +36,9 @@ def ensure_local_service() -> bool:
     """Start the embedded runtime unless it is up; True when this call started it."""
     from skyfn.client import Client
 
-    try:
-        Client().endpoint_id("local")
+    try:  # one quick try: a runtime left stopped must not cost the SDK's minute of retries
+        with Client(retries=0, timeout=5) as client:
+            client.endpoint_id("local")
         return False
     except Exception:
         pass

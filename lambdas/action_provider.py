@@ -59,24 +59,16 @@ def introspect():
     return _json(200, actions.describe(_scope(), contact))
 
 
-# --- run ---------------------------------------------------------------------------------
-def _run(body: ActionRequest) -> Response:
-    # the caller's identity claims go with the task, as with POST /tasks (lambdas/core/identity/submitters.py)
-    status, created = actions.run(_user(), body, submitter=router.context["identity"].claims())
-    return _json(202 if created else 200, status)
-
-
+# --- run (each route at both paths: 1.0 and /actions 1.1) --------------------------------------
 _RUN = {**_ok(202, ActionStatus), **_ok(200, ActionStatus), **_errors(403, 404, 409, 413)}
 
 
 @router.post(f"{PREFIX}/run", responses=_RUN)
-def run(body: Annotated[ActionRequest, Body()]):
-    return _run(body)
-
-
 @router.post(f"{PREFIX}/actions", responses=_RUN)
-def run_actions(body: Annotated[ActionRequest, Body()]):
-    return _run(body)
+def run(body: Annotated[ActionRequest, Body()]):
+    # the caller's identity claims go with the task, as with POST /tasks (lambdas/core/identity/submitters.py)
+    status, created = actions.run(_user(), body, submitter=router.context["identity"].claims())
+    return _json(202 if created else 200, status)
 
 
 # --- status, cancel, release ----------------------------------------------------------------
@@ -84,22 +76,14 @@ _ONE = {**_ok(200, ActionStatus), **_errors(404)}
 
 
 @router.get(f"{PREFIX}/<action_id>/status", responses=_ONE)
+@router.get(f"{PREFIX}/actions/<action_id>", responses=_ONE)
 def status(action_id: ActionPath):
     return _json(200, actions.status(_user(), action_id))
 
 
-@router.get(f"{PREFIX}/actions/<action_id>", responses=_ONE)
-def status_actions(action_id: ActionPath):
-    return _json(200, actions.status(_user(), action_id))
-
-
 @router.post(f"{PREFIX}/<action_id>/cancel", responses=_ONE)
-def cancel(action_id: ActionPath):
-    return _json(200, actions.cancel(_user(), action_id))
-
-
 @router.post(f"{PREFIX}/actions/<action_id>/cancel", responses=_ONE)
-def cancel_actions(action_id: ActionPath):
+def cancel(action_id: ActionPath):
     return _json(200, actions.cancel(_user(), action_id))
 
 
@@ -107,12 +91,8 @@ _RELEASE = {**_ok(200, ActionStatus), **_errors(404, 409)}
 
 
 @router.post(f"{PREFIX}/<action_id>/release", responses=_RELEASE)
-def release(action_id: ActionPath):
-    return _json(200, actions.release(_user(), action_id))
-
-
 @router.delete(f"{PREFIX}/actions/<action_id>", responses=_RELEASE)
-def release_actions(action_id: ActionPath):
+def release(action_id: ActionPath):
     return _json(200, actions.release(_user(), action_id))
 
 
@@ -122,12 +102,7 @@ Marker = Annotated[Optional[str], Query(min_length=1, max_length=16, pattern=r"^
 
 
 @router.get(f"{PREFIX}/<action_id>/log", responses={**_ok(200, ActionLog), **_errors(404)})
+@router.get(f"{PREFIX}/actions/<action_id>/log", responses={**_ok(200, ActionLog), **_errors(404)})
 def log(action_id: ActionPath, limit: Limit = 10, reverse_order: Annotated[bool, Query()] = False,
         marker: Marker = None):
-    return _json(200, actions.log(_user(), action_id, limit, reverse_order, marker))
-
-
-@router.get(f"{PREFIX}/actions/<action_id>/log", responses={**_ok(200, ActionLog), **_errors(404)})
-def log_actions(action_id: ActionPath, limit: Limit = 10, reverse_order: Annotated[bool, Query()] = False,
-                marker: Marker = None):
     return _json(200, actions.log(_user(), action_id, limit, reverse_order, marker))

@@ -11,7 +11,6 @@ import base64
 from typing import Annotated, Literal, Optional
 
 import orjson
-import redis
 from botocore.exceptions import BotoCoreError, ClientError
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
@@ -22,11 +21,12 @@ from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from lambdas.adapters.redis_store.connection import STORE_FULL, STORE_UNREACHABLE
 from lambdas.auth import Unauthorized, identify
 from lambdas.core.identity import guard, limits  # security: agent routes, rate limits, size limits (H9)
 from lambdas.core.identity import submitters  # the submitter's identity claims each task carries
 from lambdas.config import settings
-from lambdas.core.tasks import registry, sessions, tasks
+from lambdas.core.tasks import endpoint_states, registry, sessions, tasks
 from lambdas.core.runs import batches, flows, runs
 from lambdas.core.errors import Backlogged, Forbidden, ServiceError, TooLarge
 from lambdas.core.identity import lanes  # lanes of multi-user endpoints
@@ -39,6 +39,7 @@ from skyfn.protocol.api import (
     FunctionCreated,
     FunctionInfo,
     Heartbeat,
+    HeartbeatAck,
     OpenSession,
     RegisterEndpoint,
     RegisterFunction,
@@ -52,9 +53,10 @@ from skyfn.protocol.api import (
     TaskStatus,
 )
 from skyfn.protocol.lanes import LANE_PATTERN, BindLane, LaneClosed, LaneGranted
+from skyfn.protocol.task_states import TaskStates, TaskStatesRequest
 from skyfn.protocol.runs import BatchStatus, BatchSubmitted, RunFlow, RunGroup, RunStarted, RunStatus, SubmitBatch
 from lambdas.core.tasks import groups  # endpoint groups (placement)
-from skyfn.protocol.api import CreateEndpointGroup, EndpointGroupInfo
+from skyfn.protocol.api import CreateEndpointGroup, EndpointGroupInfo, ListenTicket
 
 logger = Logger(service="skyfn-api")
 metrics = Metrics(namespace="skyfn", service="api")
@@ -147,13 +149,13 @@ def _invalid(exc: RequestValidationError) -> Response:
                    for e in errors])
 
 
-@app.exception_handler(redis.exceptions.ConnectionError)
+@app.exception_handler(STORE_UNREACHABLE)
 def _store_down(exc: Exception) -> Response:
     logger.warning("hot store unreachable", exc_info=exc)
     return _error(503, "unavailable", "the task store is unreachable; retry shortly")
 
 
-@app.exception_handler(redis.exceptions.OutOfMemoryError)
+@app.exception_handler(STORE_FULL)
 def _store_full(exc: Exception) -> Response:
     # maxmemory reached (noeviction: infra/hot_store.py) between two readings of the backlog gauge
     logger.warning("hot store full", exc_info=exc)
@@ -205,7 +207,7 @@ def get_endpoint(endpoint_id: IdPath):
     return _json(200, registry.endpoint_info(_user(), endpoint_id).model_dump())
 
 
-@app.post("/endpoints/<endpoint_id>/heartbeat", responses={**_ok(200, EndpointInfo), **_errors(401, 404, 422)})
+@app.post("/endpoints/<endpoint_id>/heartbeat", responses={**_ok(200, HeartbeatAck), **_errors(401, 404, 422)})
 def heartbeat(endpoint_id: IdPath, body: Annotated[Heartbeat, Body()]):
     allowed = body.allowed_functions if "allowed_functions" in body.model_fields_set else ...
     return _json(200, registry.heartbeat(_user(), endpoint_id, body.stats,
@@ -224,14 +226,21 @@ def open_session(endpoint_id: IdPath, body: Annotated[OpenSession, Body()]):
     return _json(201, opened.model_dump())
 
 
+@app.post("/endpoints/<endpoint_id>/direct/listen", responses={**_ok(200, ListenTicket), **_errors(401, 403, 404, 422)})
+def direct_listen(endpoint_id: IdPath):
+    """The agent's LISTEN ticket at the rendezvous server (skyfn.protocol.direct_path): its
+    own endpoint credential only; 404 rendezvous_not_configured where none runs."""
+    return _json(200, sessions.listen_ticket(app.context["identity"].endpoint_id, endpoint_id).model_dump())
+
+
 # --- lanes of a multi-user endpoint (skyfn.protocol.lanes), for its own agent ---------
 LanePath = Annotated[str, Path(pattern=LANE_PATTERN, description="the lane's name")]
 
 
-def _own_agent(endpoint_id: str) -> None:
+def _own_agent(endpoint_id: str, does: str = "opens and closes its lanes") -> None:
     if app.context["identity"].endpoint_id != endpoint_id:
         raise Forbidden(f"only endpoint {endpoint_id}'s own agent, with its endpoint credential "
-                        "(Bearer skyfn-agent.<id>.<secret>), opens and closes its lanes; a user token cannot")
+                        f"(Bearer skyfn-agent.<id>.<secret>), {does}; a user token cannot")
 
 
 @app.post("/endpoints/<endpoint_id>/lanes", responses={**_ok(200, LaneGranted), **_errors(401, 403, 404, 409, 422)})
@@ -250,6 +259,14 @@ def close_lane(endpoint_id: IdPath, lane: LanePath):
     """Unbind everything from the lane and end its queue login; its queue stays for the endpoint to drain."""
     _own_agent(endpoint_id)
     return _json(200, {"lane": lane, "unbound": lanes.close(endpoint_id, lane)})
+
+
+@app.post("/endpoints/<endpoint_id>/task-states", responses={**_ok(200, TaskStates), **_errors(401, 403, 404, 422)})
+def task_states(endpoint_id: IdPath, body: Annotated[TaskStatesRequest, Body()]):
+    """The states of these tasks, for the endpoint's own agent (skyfn.protocol.task_states):
+    a task not dispatched to this endpoint is UNKNOWN, whoever's it is."""
+    _own_agent(endpoint_id, "asks for its tasks' states")
+    return _json(200, endpoint_states.of_endpoint(endpoint_id, body.task_ids).model_dump(exclude_none=True))
 
 
 # --- tasks -------------------------------------------------------------------------

@@ -88,5 +88,5 @@ def handler(event: dict, context: LambdaContext) -> dict:
     total["seconds"] = round(time.monotonic() - started, 3)
     if total["taken"]:
         logger.info("drained", extra=total)
-    backlog.publish(backlog.gauge(deps.store(), 0))
+    backlog.publish(backlog.gauge(deps.backlog_figures(), 0))
     return total

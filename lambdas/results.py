@@ -4,12 +4,20 @@ compare-and-set scripts: a final state is written once, progress never goes back
 duplicates from redelivered packs are counted and dropped. Results of direct sessions
 (those with a `session`) are recorded as tasks of their own (lambdas/core/tasks/direct_results.py).
 
-A pack sealed by a multi-user endpoint's lane (skyfn.protocol.lanes) is applied only when
-its MAC checks out under the lane's key (lambdas/core/identity/lanes.py), and then only to
-tasks of its endpoint that identities bound to the lane submitted; a seal that fails is
-logged and dropped, never retried."""
+Who sent a pack is never taken from its body (skyfn.protocol.result_seal): a pack is applied
+as the endpoint whose results key sealed it (lambdas/core/identity/result_seals.py), or as a
+multi-user endpoint's lane whose key sealed it (skyfn.protocol.lanes; checked by
+lambdas/core/identity/lanes.py, and then only to tasks of its endpoint that identities bound
+to the lane submitted). A pack sealed by neither, or whose seal fails, is logged and
+dropped, never retried. The store then applies a result, update, hand-back or direct-session
+record only to tasks routed to (sessions granted to) that sender: tasks of other endpoints
+count as unknown and are left as they were.
+
+A result or error buffer longer than MAX_INLINE_RESULT_BYTES (skyfn.protocol.limits) fails
+its task with the reason naming the cap."""
 from __future__ import annotations
 
+import re
 import time
 
 from aws_lambda_powertools import Logger, Metrics
@@ -18,12 +26,17 @@ from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, pro
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from lambdas.adapters.redis_store.lua_rows import FinishRow, ProgressRow
 from lambdas.core import deps
-from lambdas.core.identity import lanes
+from lambdas.core.identity import lanes, result_seals
 from lambdas.core.tasks import blobs, dataflow, direct_results, push, stage_metrics
+from skyfn.protocol import result_seal
 from skyfn.protocol.lanes import is_sealed
+from skyfn.protocol.limits import MAX_INLINE_RESULT_BYTES
 from skyfn.protocol.messages import UNPARK, ResultPack
 from skyfn.protocol.states import format_events
+
+_ENDPOINT_ID = re.compile(r"[A-Za-z0-9-]{1,64}")
 
 logger = Logger(service="skyfn-results")
 metrics = Metrics(namespace="skyfn", service="results")
@@ -31,38 +44,55 @@ processor = BatchProcessor(event_type=EventType.SQS)
 
 
 def apply_pack(pack: ResultPack) -> tuple[int, int, int]:
-    """Store a pack's progress updates and results; returns (stored, duplicates, unknown)."""
+    """Store a pack's progress updates and results as sent by `pack.endpoint_id`, which the
+    caller has authenticated (record_handler sets it from the seal, never from the body);
+    returns (stored, duplicates, unknown). A pack without a well-formed endpoint id stores
+    nothing: every task it names counts as unknown."""
+    if not _ENDPOINT_ID.fullmatch(pack.endpoint_id):
+        return 0, 0, len(pack.results) + len(pack.updates)
     store = deps.store()
     if pack.updates:
         unparked = [u.task_id for u in pack.updates if u.state == UNPARK]
-        store.progress([[u.task_id, u.state, u.ts, u.lease_seconds] for u in pack.updates if u.state != UNPARK],
+        store.progress([ProgressRow(task_id=u.task_id, state=u.state, ts=u.ts, lease_seconds=u.lease_seconds)
+                        for u in pack.updates if u.state != UNPARK],
                        pack.endpoint_id)
         if unparked:
             dataflow.unpark(pack.endpoint_id, unparked, store)
     if not pack.results:
         return 0, 0, 0
-    rows = [[r.task_id, r.state, r.result, r.error, r.reason, format_events(r.events), r.stdout, r.stderr]
+    rows = [FinishRow(task_id=r.task_id, state=r.state, result=r.result, error=r.error, reason=r.reason,
+                      events=format_events(r.events), stdout=r.stdout, stderr=r.stderr)
             for r in pack.results]
-    for row in rows:  # a result in S3 must be at its own task's key under the sender's prefix
-        refused = blobs.bad_result(pack.endpoint_id, row[0], row[2])
+    for i, row in enumerate(rows):  # a result in S3 must be at its own task's key under the sender's prefix
+        refused = blobs.bad_result(pack.endpoint_id, row.task_id, row.result) or _too_large(row.result, row.error)
         if refused:
-            row[1:5] = ["FAILED", None, None, refused]
+            rows[i] = row._replace(state="FAILED", result=None, error=None, reason=refused)
     if any(r.session is not None for r in pack.results):  # tasks of direct sessions among them
         return _with_direct(pack, rows)
     return _finish(pack.endpoint_id, rows)
 
 
-def _finish(endpoint_id: str, rows: list[list]) -> tuple[int, int, int]:
+def _too_large(result: str | None, error: str | None) -> str | None:
+    """Why an inline result or error buffer is refused (longer than the cap), or None."""
+    for what, buf in (("result", result), ("error", error)):
+        if buf is not None and len(buf) > MAX_INLINE_RESULT_BYTES:
+            return (f"the task's {what} is {len(buf)} bytes inline, above the cap of {MAX_INLINE_RESULT_BYTES} bytes "
+                    "(MAX_INLINE_RESULT_BYTES): return a smaller value, or give the deployment a bucket so that large "
+                    "results travel through S3 (skyfn.protocol.blobs)")
+    return None
+
+
+def _finish(endpoint_id: str, rows: list[FinishRow]) -> tuple[int, int, int]:
     # only tasks routed to the pack's endpoint: an agent answers for its own tasks alone
     store = deps.store()
     stored, dup, unknown, notices = store.finish_notify(rows, endpoint_id)
     # tell the submitters' WebSocket connections, small results inside (DESIGN.md 2, step 7)
-    push.notify(notices, {row[0]: (row[1], row[2], row[3], row[4]) for row in rows})
+    push.notify(notices, {row.task_id: (row.state, row.result, row.error, row.reason) for row in rows})
     dataflow.advance(store)  # dependents of these tasks: released, or ended with them
     return stored, dup, unknown
 
 
-def _with_direct(pack: ResultPack, rows: list[list]) -> tuple[int, int, int]:
+def _with_direct(pack: ResultPack, rows: list[FinishRow]) -> tuple[int, int, int]:
     """Queued tasks are finished as ever; direct ones are recorded, never pushed."""
     queued = [row for r, row in zip(pack.results, rows) if r.session is None]
     direct = [(r, row) for r, row in zip(pack.results, rows) if r.session is not None]
@@ -91,6 +121,16 @@ def lane_pack(raw: str) -> tuple[ResultPack, int] | None:
     return pack.model_copy(update={"results": results, "updates": updates}), refused
 
 
+def endpoint_pack(raw: str) -> ResultPack | None:
+    """The pack of an endpoint-sealed body, as sent by the endpoint whose key sealed it; None
+    (logged and dropped) when the seal does not check out."""
+    try:
+        return result_seals.open_pack(raw)
+    except result_seals.SealRefused as exc:
+        logger.warning("sealed result pack dropped", extra={"reason": str(exc)})
+        return None
+
+
 def record_handler(record: SQSRecord) -> None:
     refused = 0
     if is_sealed(record.body):
@@ -98,8 +138,15 @@ def record_handler(record: SQSRecord) -> None:
         if opened is None:
             return
         pack, refused = opened
-    else:
-        pack = ResultPack.model_validate_json(record.body)
+    elif result_seal.is_sealed(record.body):
+        pack = endpoint_pack(record.body)
+        if pack is None:
+            return
+    else:  # the queue says nothing of who sent it, and the body's endpoint_id is a claim
+        logger.warning("unsealed result pack dropped",
+                       extra={"reason": "results are applied only when sealed with an endpoint's results key or a "
+                                        "lane's key (skyfn.protocol.result_seal)", "bytes": len(record.body)})
+        return
     stored, dup, unknown = apply_pack(pack)
     unknown += refused
     if dup or unknown:

@@ -74,14 +74,14 @@ def owner_of(kind: str, obj_id: str) -> str | None:
         rec = registry._endpoint_record(obj_id)
         return rec["o"] if rec else None
     if kind == "function":
-        o = deps.redis_client().hget(f"fn:{obj_id}", "o")
+        o = deps.registry_cache().function_owner(obj_id)
         if o is not None:
-            return o.decode()
+            return o
         item = deps.dynamo().get_function(obj_id) if is_uuid(obj_id) else None
         return item["owner"] if item else None
-    o = deps.redis_client().hget(f"grp:{obj_id}", "o")
+    o = deps.group_store().owner(obj_id)
     if o is not None:
-        return o.decode()
+        return o
     item = deps.dynamo().get_group(obj_id) if is_uuid(obj_id) else None
     return item["group_owner"] if item else None
 

@@ -1,6 +1,6 @@
 """The WebSocket API in AWS (API Gateway WebSocket API; skyfn.protocol.push): the routes'
 handler and the $connect authorizer. The embedded runtime serves the same protocol from
-its gateway (infra/local/push_hub.py).
+its gateway (infra/local/standins/push_hub.py).
 
 - ``authorizer``: a REQUEST authorizer on $connect. The token is the REST API's: the
   ``Authorization: Bearer`` header, or the ``token`` query parameter (browsers cannot set

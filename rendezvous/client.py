@@ -11,6 +11,8 @@ Used by the tests and benchmarks, and usable as a fallback by the Python communi
     lst = client.listen("host:port", name, token)   # an object server's LISTEN connection
     group, tok = lst.next_call(timeout=15)          # INCOMING: join group as rank 0 (PING sent meanwhile)
     group, tok = client.call("host:port", name, token)   # CALLED: join group as rank 1
+    inc = lst.next_incoming(timeout=15)             # Incoming(group, token, caller): caller "" or
+                                                    # the one a call token admitted
 
 `join_async` is the asyncio counterpart (many peers from one thread). Server errors
 raise RendezvousError with the wire code (bad_token, rank_taken, timeout, no_listener, ...).
@@ -20,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from typing import List, Optional, Tuple, Union
+from typing import List, NamedTuple, Optional, Tuple, Union
 
 from . import protocol as P
 
@@ -241,6 +243,15 @@ def relay(address: Address, group: str, token: str, my_rank: int, peer_rank: int
 
 # ---- LISTEN / CALL ---------------------------------------------------------------------------
 
+class Incoming(NamedTuple):
+    """A call a listener received: join `group` as rank 0 with `token`; `caller` is the
+    caller a call token admitted ("" for a holder of the name's token)."""
+
+    group: str
+    token: str
+    caller: str
+
+
 class Listener(_Control):
     """A LISTEN connection: holds `name` at the server and receives one INCOMING per call.
 
@@ -256,6 +267,11 @@ class Listener(_Control):
 
     def next_call(self, timeout: Optional[float] = None) -> Optional[Tuple[str, str]]:
         """(group, token) of the next call, or None when `timeout` passed without one."""
+        got = self.next_incoming(timeout)
+        return None if got is None else (got.group, got.token)
+
+    def next_incoming(self, timeout: Optional[float] = None) -> Optional[Incoming]:
+        """The next call (Incoming), or None when `timeout` passed without one."""
         deadline = _deadline(timeout)
         while True:
             now = time.monotonic()
@@ -280,8 +296,11 @@ class Listener(_Control):
             if verb == b"PONG":
                 self._unanswered = None
                 continue
-            group, token = _expect(line, "INCOMING")
-            return group, token
+            fields = _expect(line, "INCOMING")
+            if len(fields) not in (2, 3):
+                raise RendezvousError(P.MALFORMED, f"expected INCOMING <group> <token> [<caller>], got "
+                                                   f"{len(fields)} fields")
+            return Incoming(fields[0], fields[1], fields[2] if len(fields) == 3 else "")
 
 
 
@@ -302,12 +321,14 @@ def listen(address: Address, name: str, token: str, timeout: Optional[float] = 3
         raise
 
 
-def call(address: Address, name: str, token: str, timeout: Optional[float] = 30.0) -> Tuple[str, str]:
-    """CALL the listener of `name`: (group, token) of a fresh 2-rank group to join as rank 1."""
+def call(address: Address, name: str, token: str, timeout: Optional[float] = 30.0,
+         caller: str = "") -> Tuple[str, str]:
+    """CALL the listener of `name`: (group, token) of a fresh 2-rank group to join as rank 1.
+    With `caller`, `token` is a call token for (name, caller) (tokens.make_call_token)."""
     deadline = _deadline(timeout)
     sock = _connect(address, timeout, None)
     try:
-        sock.sendall(f"CALL {name} {token}\n".encode())
+        sock.sendall((f"CALL {name} {token} {caller}\n" if caller else f"CALL {name} {token}\n").encode())
         group, group_token = _expect(_LineSocket(sock).readline(deadline), "CALLED")
         return group, group_token
     finally:

@@ -5,6 +5,8 @@ The server answers WELCOME, PEERS + PEER lines, BARRIER_OK, RELAYED or ERROR.
 Object servers (the data plane's direct connector) hold a LISTEN <name> connection (then
 PING / BYE; the server answers LISTENING, PONG and INCOMING <group> <token> per call); a
 consumer's CALL <name> is answered CALLED <group> <token>, a fresh 2-rank group both join.
+A direct session's SDK calls an agent with `CALL <name> <call token> <caller>`: the token is
+made for that caller (tokens.make_call_token) and the listener's INCOMING names it.
 `parse_peer_line` validates one line from a peer and raises ProtocolError with the wire
 error code; `parse_server_line` is the client-side counterpart.
 """
@@ -79,7 +81,8 @@ class Listen(NamedTuple):
 
 class Call(NamedTuple):
     name: str
-    token: str         # a group token for <name>
+    token: str         # a group token for <name>, or a call token for (<name>, <caller>)
+    caller: str = ""   # "" : any holder of the name's token
 
 
 class Ping(NamedTuple):
@@ -155,10 +158,14 @@ def parse_peer_line(raw: bytes) -> PeerMessage:
         if n != 1:
             raise ProtocolError(MALFORMED, "expected 'BYE'")
         return Bye()
-    if verb == "LISTEN" or verb == "CALL":
+    if verb == "LISTEN":
         if n != 3:
-            raise ProtocolError(MALFORMED, f"expected '{verb} <name> <token>'")
-        return (Listen if verb == "LISTEN" else Call)(_name(fields[1]), fields[2])
+            raise ProtocolError(MALFORMED, "expected 'LISTEN <name> <token>'")
+        return Listen(_name(fields[1]), fields[2])
+    if verb == "CALL":
+        if n not in (3, 4):
+            raise ProtocolError(MALFORMED, "expected 'CALL <name> <token> [<caller>]'")
+        return Call(_name(fields[1]), fields[2], _group(fields[3]) if n == 4 else "")
     if verb == "PING":
         if n != 1:
             raise ProtocolError(MALFORMED, "expected 'PING'")
@@ -193,8 +200,11 @@ def listening(name: str) -> bytes:
     return b"LISTENING %s\n" % name.encode()
 
 
-def incoming(group: str, token: str) -> bytes:
-    """To a listener: a consumer called; join <group> as rank 0 with <token>."""
+def incoming(group: str, token: str, caller: str = "") -> bytes:
+    """To a listener: a consumer called; join <group> as rank 0 with <token>. A caller
+    admitted by a call token is named (the service vouches for it: tokens.make_call_token)."""
+    if caller:
+        return b"INCOMING %s %s %s\n" % (group.encode(), token.encode(), caller.encode())
     return b"INCOMING %s %s\n" % (group.encode(), token.encode())
 
 

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Tuple, Union
 
 from . import protocol as P
 from . import splice
-from .tokens import TokenError, make_token, verify_token
+from .tokens import TokenError, make_token, verify_call_token, verify_token
 
 log = logging.getLogger("rendezvous")
 
@@ -327,9 +327,12 @@ class RendezvousServer:
 
     # ---- JOIN -------------------------------------------------------------------------
 
-    def _admit(self, conn: Connection, group: str, token: str) -> bool:
+    def _admit(self, conn: Connection, group: str, token: str, caller: str = "") -> bool:
         try:
-            verify_token(self._secret, group, token)
+            if caller:
+                verify_call_token(self._secret, group, caller, token)
+            else:
+                verify_token(self._secret, group, token)
         except TokenError as exc:
             conn.fail(exc.code, exc.reason)
             return False
@@ -561,8 +564,9 @@ class RendezvousServer:
     def call(self, conn: Connection, msg: P.Call) -> None:
         """A fresh 2-rank group for the caller and the listener of `msg.name`: both are told
         its id and a token for it (the listener INCOMING, the caller CALLED), then this
-        connection closes; the two JOIN it (listener rank 0, caller rank 1)."""
-        if not self._admit(conn, msg.name, msg.token):
+        connection closes; the two JOIN it (listener rank 0, caller rank 1). A call with a
+        caller needs a call token for (name, caller); the listener is told the caller."""
+        if not self._admit(conn, msg.name, msg.token, msg.caller):
             return
         listener = self.listeners.get(msg.name)
         if listener is None or listener.closed:
@@ -574,6 +578,6 @@ class RendezvousServer:
         token = make_token(self._secret, group, ttl_s=self.limits.join_timeout_s + 300)
         self.stats["calls"] += 1
         log.info("call %s from %s:%d: group %s", msg.name, conn.address[0], conn.address[1], group)
-        listener.send(P.incoming(group, token))
+        listener.send(P.incoming(group, token, msg.caller))
         conn.send(P.called(group, token))
         conn.drop(linger=True)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import typer
 from typer.core import TyperGroup
@@ -186,27 +186,24 @@ def flow_run(target: str = typer.Argument(..., help="a .py file or a module defi
              no_wait: bool = typer.Option(False, "--no-wait", help="print the run id and return"),
              timeout: float = typer.Option(3600.0, "--timeout", help="seconds to wait for the result")) -> None:
     """Run a flow and print its output as JSON (exit code 1 if the run fails)."""
-    def action():
-        from skyfn import flow_cli
-
-        try:
-            return flow_cli.run(target, input_json, flow_name, not no_wait, timeout)
-        except flow_cli.FlowCliError as exc:
-            return 1, f"error: {exc}"
-    code, text = run_action(action)
-    typer.echo(text, err=code != 0)
-    raise typer.Exit(code)
+    _flow_command(lambda flow_cli: flow_cli.run(target, input_json, flow_name, not no_wait, timeout))
 
 
 @flow_app.command("show")
 def flow_show(target: str = typer.Argument(..., help="a .py file or a module defining a skyfn.flows.Flow"),
               flow_name: Optional[str] = typer.Option(None, "--flow", help="attribute holding the Flow")) -> None:
     """Print the Amazon States Language the flow compiles to."""
+    _flow_command(lambda flow_cli: (0, flow_cli.show(target, flow_name)))
+
+
+def _flow_command(call: Callable[[Any], tuple[int, str]]) -> None:
+    """Run `call(skyfn.flow_cli)` -> (exit code, text); print the text (on stderr when the code is
+    not 0; a FlowCliError is code 1) and exit with the code."""
     def action():
         from skyfn import flow_cli
 
         try:
-            return 0, flow_cli.show(target, flow_name)
+            return call(flow_cli)
         except flow_cli.FlowCliError as exc:
             return 1, f"error: {exc}"
     code, text = run_action(action)

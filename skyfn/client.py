@@ -1,6 +1,8 @@
 """The SDK's Client: register functions, submit tasks singly or in batches, read their
-state and results, cancel them, and look up endpoints.
+state and results, cancel them, and look up endpoints, groups and shares.
 
+What a submission sends (call bodies, options, Batch, request splitting) is
+skyfn/submission.py; what a final status means (value or exception) skyfn/outcomes.py.
 Request bodies are plain dicts shaped like the models of ``skyfn.protocol.api`` (no model
 is built per task on the hot path); answers are read as plain dicts too.
 """
@@ -14,166 +16,38 @@ from typing import Any, Callable, Iterable, Optional, Union
 from urllib.parse import quote
 
 from skyfn.config import load_config
-from skyfn.dataflow import bind_inputs, rebase_local_inputs
+from skyfn.dataflow import rebase_local_inputs
 from skyfn.http import HttpClient, SkyfnAPIError, SkyfnConnectionError, TaskNotFound
+# FINAL, task_outcome and what a submission sends are importable from here, as they were
+# before they had modules of their own
+from skyfn.outcomes import FINAL, task_outcome
 from skyfn.protocol import blobs
+from skyfn.protocol.errors import SkyfnError
 from skyfn.protocol.ids import uuid7_hex
 from skyfn.protocol.limits import MAX_STATUS_IDS, MAX_WAIT_SECONDS  # not .api: no pydantic models to build
-from skyfn.protocol.dataflow import dependency_failure
-from skyfn.protocol.errors import (
-    DependencyFailed,
-    ResultExpired,
-    SkyfnError,
-    TaskCancelled,
-    TaskFailed,
-    TaskTimedOut,
-)
-from skyfn.protocol.remote_exception import unwrap_exception
-from skyfn.protocol.serialize import deserialize, pack_args, serialize_function
+from skyfn.protocol.serialize import serialize_function
 from skyfn.protocol.states import STAGES, stage_latencies
+from skyfn.submission import (
+    REQUEST_MAX_BYTES,
+    REQUEST_MAX_TASKS,
+    Batch,
+    FunctionRef,
+    call_body,
+    check_user_config,
+    no_memo,
+    split_requests,
+    task_options,
+)
 
-FINAL = frozenset({"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED"})
-
-# One POST /tasks carries at most this many tasks / about this many bytes of JSON; larger
-# batches are split, each request with its own idempotency key.
-REQUEST_MAX_TASKS = 5_000
-REQUEST_MAX_BYTES = 8 << 20
-_TASK_OVERHEAD = 128  # JSON keys, quotes, ids of one task entry
+__all__ = ["Batch", "Client", "EndpointNotFound", "FINAL", "FunctionRef", "REQUEST_MAX_BYTES", "REQUEST_MAX_TASKS",
+           "check_user_config", "split_requests", "task_options", "task_outcome"]
 
 # Extra read time beyond the long-poll wait before the SDK gives up on an answer.
 _POLL_MARGIN = 30.0
 
-FunctionRef = Union[str, Callable[..., Any]]
-
 
 class EndpointNotFound(SkyfnError, LookupError):
     """No endpoint with this name is visible to you."""
-
-
-def task_outcome(task_id: str, st: dict) -> tuple[bool, Any]:
-    """(True, value) for SUCCEEDED; (False, exception) for every other final state, and for
-    a SUCCEEDED task whose result the service no longer keeps (ResultExpired: never None).
-
-    FAILED with an ``error`` buffer rebuilds the function's own exception (remote traceback
-    attached); CANCELLED / TIMED_OUT / other failures become TaskCancelled / TaskTimedOut /
-    TaskFailed carrying the service's ``reason``; a task that never ran because an input
-    did not succeed, DependencyFailed (its ``cause``: the input's exception). Never raises.
-    """
-    state = st.get("state")
-    if state == "FAILED" and (dependency := dependency_failure(st.get("reason"))):
-        return False, _dependency_failed(task_id, st, *dependency)
-    try:
-        if state == "SUCCEEDED":
-            gone = st.get("result_expired")
-            if gone:
-                return False, ResultExpired(task_id, gone.get("finished"), gone["result_ttl"], gone["unretrieved_ttl"])
-            result = st.get("result")
-            if blobs.is_ref(result) and st.get("result_url"):  # a large result, kept in S3
-                result = blobs.download(st["result_url"])
-            return True, (deserialize(result) if result is not None else None)
-        error = st.get("error")
-        if state == "FAILED" and error:
-            return False, unwrap_exception(error)
-    except Exception as exc:  # a buffer we cannot decode is this task's failure, not ours
-        return False, exc
-    reason = st.get("reason")
-    if state == "CANCELLED":
-        return False, TaskCancelled(task_id, state, reason or "cancelled")
-    if state == "TIMED_OUT":
-        return False, TaskTimedOut(task_id, state, reason or "exceeded its walltime")
-    return False, TaskFailed(task_id, str(state), reason or "failed without an error report")
-
-
-def _dependency_failed(task_id: str, st: dict, input_id: str, input_state: str) -> DependencyFailed:
-    cause = None
-    if st.get("error"):
-        try:
-            cause = unwrap_exception(st["error"])
-        except Exception as exc:  # noqa: BLE001 - the input's error we cannot decode: that is the cause we have
-            cause = exc
-    return DependencyFailed(task_id, input_id, input_state, st["reason"], cause=cause)
-
-
-def _task_size(task: dict) -> int:
-    p = task["payload"]
-    # JSON escapes quotes, backslashes and the header's newline; payloads are ASCII.
-    return len(p) + p.count('"') + p.count("\\") + _TASK_OVERHEAD + 40 * len(task.get("inputs") or ())
-
-
-def split_requests(tasks: list[dict], max_tasks: Optional[int] = None, max_bytes: Optional[int] = None) -> list[list[dict]]:
-    """Split tasks into POST /tasks bodies of at most ``max_tasks`` tasks / ~``max_bytes``."""
-    max_tasks = min(max_tasks or REQUEST_MAX_TASKS, REQUEST_MAX_TASKS)
-    max_bytes = max_bytes or REQUEST_MAX_BYTES
-    chunks: list[list[dict]] = []
-    cur: list[dict] = []
-    size = 0
-    for t in tasks:
-        s = _task_size(t)
-        if cur and (len(cur) >= max_tasks or size + s > max_bytes):
-            chunks.append(cur)
-            cur, size = [], 0
-        cur.append(t)
-        size += s
-    if cur:
-        chunks.append(cur)
-    return chunks
-
-
-def task_options(resource_specification: Optional[dict] = None, walltime: Optional[float] = None) -> dict:
-    """Per-task options of a submission: resources ({"cores": n, "gpus": n}) and walltime."""
-    opts: dict[str, Any] = {}
-    if resource_specification:
-        unknown = set(resource_specification) - {"cores", "gpus"}
-        if unknown:
-            raise ValueError(f"unknown resource_specification keys {sorted(unknown)}: allowed are 'cores' and 'gpus'")
-        opts["resources"] = dict(resource_specification)
-    if walltime is not None:
-        opts["walltime"] = float(walltime)
-    return opts
-
-
-def check_user_config(user_config: Optional[dict]) -> Optional[dict]:
-    """``user_config`` as given when it is None or a valid one (a JSON object of at most
-    16 KiB, nested at most 8 deep: skyfn.protocol.user_config); ValueError naming the problem
-    otherwise, before anything is sent (the service refuses it with 400 too)."""
-    if user_config is None:
-        return None
-    from skyfn.protocol.user_config import problem
-
-    why = problem(user_config)
-    if why is not None:
-        raise ValueError(why)
-    return user_config
-
-
-class Batch:
-    """Tasks collected with :meth:`add` and submitted together by ``Client.batch_run``."""
-
-    def __init__(self, client: "Client", endpoint_id: Optional[str] = None,
-                 resource_specification: Optional[dict] = None, walltime: Optional[float] = None,
-                 user_config: Optional[dict] = None):
-        self._client = client
-        self.endpoint_id = endpoint_id
-        self.tasks: list[dict] = []
-        self._options = task_options(resource_specification, walltime)
-        self.user_config = check_user_config(user_config)  # sent with the batch (multi-user endpoints)
-
-    def add(self, function_id: FunctionRef, *args: Any, endpoint_id: Optional[str] = None, **kwargs: Any) -> None:
-        """Add a call; futures and TaskRefs among its arguments are inputs (see Client.run)."""
-        if not isinstance(function_id, str):
-            function_id = self._client._function_id_for(function_id)
-        task = {"function_id": function_id, **_arguments(args, kwargs), **self._options}
-        if endpoint_id:
-            task["endpoint_id"] = endpoint_id
-        elif not self.endpoint_id:
-            raise ValueError("no endpoint: pass endpoint_id to create_batch(...) or to add(...)")
-        self.tasks.append(task)
-
-    def __len__(self) -> int:
-        return len(self.tasks)
-
-    def __repr__(self) -> str:
-        return f"<Batch of {len(self.tasks)} tasks for {self.endpoint_id or 'per-task endpoints'}>"
 
 
 class Client:
@@ -276,7 +150,7 @@ class Client:
         user_config = check_user_config(user_config)
         if not isinstance(function_id, str):
             function_id = self._function_id_for(function_id)
-        task: dict[str, Any] = {"function_id": function_id, **_arguments(args, kwargs)}
+        task: dict[str, Any] = {"function_id": function_id, **call_body(args, kwargs)}
         if memoize is not None:
             task["memoize"] = bool(memoize)
         return self.submit_tasks([task], endpoint_id, group_id=group_id, user_config=user_config)[0]
@@ -305,7 +179,7 @@ class Client:
         a task with inputs is never memoized (its buffer holds placeholders, not values)."""
         user_config = check_user_config(user_config)
         ids: list[str] = []
-        tasks = [self._offload(_no_memo(t) if t.get("inputs") else t) for t in tasks]  # large arguments: S3
+        tasks = [self._offload(no_memo(t) if t.get("inputs") else t) for t in tasks]  # large arguments: S3
         for chunk in split_requests(tasks):
             chunk = rebase_local_inputs(chunk, len(ids), ids)
             body: dict[str, Any] = {"tasks": chunk, "idempotency_key": uuid7_hex()}
@@ -366,8 +240,10 @@ class Client:
         *, peek: bool = False, results: bool = True,
     ) -> dict:
         """One POST /tasks/status call (at most MAX_STATUS_IDS ids): the raw answer,
-        ``{"tasks": {id: TaskStatus}, "unknown": [...], "cursor": ...}``. With the
-        ``cursor`` of a previous answer, only tasks finished since then are returned.
+        ``{"tasks": {id: TaskStatus}, "unknown": [...], "later": [...], "cursor": ...}``.
+        ``unknown``: ids the service has no task for; ``later``: tasks it has in its durable
+        history but did not read in this call (it reads a bounded part each): ask again.
+        With the ``cursor`` of a previous answer, only tasks finished since then are returned.
 
         A read counts as retrieving the finished tasks' results: the service drops them
         SKYFN_RESULT_TTL (600 s) later. ``peek=True`` only observes (the results stay
@@ -426,11 +302,16 @@ class Client:
         ``exception`` (ResultExpired for a success whose result is no longer kept). ``wait`` long-polls until at least one of them is final."""
         ids = list(dict.fromkeys(task_ids))
         out: dict[str, dict] = {}
-        for i in range(0, len(ids), MAX_STATUS_IDS):
-            chunk = ids[i : i + MAX_STATUS_IDS]
-            answer = self.status(chunk, wait=min(wait, MAX_WAIT_SECONDS) if i == 0 else 0.0)
+        ask, first = ids, True
+        while ask:
+            chunk, ask = ask[:MAX_STATUS_IDS], ask[MAX_STATUS_IDS:]
+            answer = self.status(chunk, wait=min(wait, MAX_WAIT_SECONDS) if first else 0.0)
+            first = False
+            later = answer.get("later") or []
+            ask = later + ask  # read from the service's history in parts: asked again
             tasks = answer.get("tasks", {})
-            for tid in chunk:
+            left = set(later)
+            for tid in (t for t in chunk if t not in left):
                 st = tasks.get(tid)
                 if st is None:
                     out[tid] = {"pending": False, "state": "UNKNOWN", "status": "UNKNOWN", "exception": TaskNotFound(tid)}
@@ -557,20 +438,6 @@ class Client:
     def task_audit(self, task_id: str) -> dict:
         """Who submitted the task, where it ran, and every state change with its time."""
         return self._http.get(f"/tasks/{quote(task_id, safe='')}/audit")
-
-
-def _arguments(args: tuple, kwargs: dict) -> dict[str, Any]:
-    """The payload of a call made at once, and its inputs (skyfn.dataflow) by task id."""
-    args, kwargs, inputs = bind_inputs(args, kwargs)
-    if not inputs:
-        return {"payload": pack_args(args, kwargs)}
-    return {"payload": pack_args(args, kwargs), "inputs": inputs}
-
-
-def _no_memo(task: dict) -> dict:
-    """A task with inputs, asking for no memoization whatever the submission's or the
-    function's setting: its payload's placeholders would match any other inputs' results."""
-    return task if task.get("memoize") is False else {**task, "memoize": False}
 
 
 def _looks_like_id(text: str) -> bool:

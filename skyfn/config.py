@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from skyfn.private_file import write_private
 from skyfn.protocol.errors import SkyfnError
 
 CONFIG_FILE = "config.json"
@@ -96,12 +97,4 @@ def load_config(service_url: Optional[str] = None, token: Optional[str] = None) 
 def write_config(service_url: str, token: str, home: Optional[Path] = None) -> Path:
     """Write ``config.json`` (mode 0600) so that ``Client()`` needs no arguments."""
     home = Path(home) if home is not None else skyfn_home()
-    home.mkdir(parents=True, exist_ok=True)
-    path = home / CONFIG_FILE
-    tmp = path.with_suffix(".json.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"service_url": service_url.rstrip("/"), "token": token}, f)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
-    return path
+    return write_private(home / CONFIG_FILE, json.dumps({"service_url": service_url.rstrip("/"), "token": token}))

@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import secrets
 import threading
 import time
@@ -30,6 +29,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import requests
 
 from skyfn.config import CONFIG_FILE, skyfn_home
+from skyfn.private_file import write_private
 from skyfn.protocol.errors import SkyfnError
 
 TIMEOUT = 10.0
@@ -52,13 +52,7 @@ def save(updates: dict[str, Any], home: Optional[Path] = None) -> Path:
     except (OSError, ValueError):
         config = {}
     config.update({k: v for k, v in updates.items() if v is not None})
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(config, f, indent=2)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
-    return path
+    return write_private(path, json.dumps(config, indent=2))
 
 
 def _read(home: Optional[Path]) -> dict:

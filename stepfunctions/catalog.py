@@ -1,7 +1,7 @@
 """The catalog of skyfn's static Step Functions state machines (batch fan-out, SPMD group;
 flows are compiled per user): every state machine, its ASL file, and the Lambda step
 handlers it invokes. CDK (infra/aws) and the embedded runtime
-(infra.local.sfn.deploy) both deploy from this list, so they cannot drift apart.
+(infra.local.standins.sfn.deploy) both deploy from this list, so they cannot drift apart.
 
 Placeholders: an ASL file refers to a step function as `${<Key>Arn}` (and, if a
 machine lists it in extra_placeholders, to the payload bucket as `${PayloadBucket}`; the

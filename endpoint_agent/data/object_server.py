@@ -370,7 +370,7 @@ class ObjectServer:
             return _reply("missing", "its TTL passed at "
                                      f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(expires))}: the "
                                      f"{self.where} no longer keeps it"), None
-        if req.get("evict"):
+        if req.get("evict") and cap.may_evict(user):  # a reader's copy marked evict: served, kept
             taken = f"{path}.taken.{uuid.uuid4().hex}"   # claim it: two consumers of a use-once ref race here
             try:
                 os.rename(path, taken)

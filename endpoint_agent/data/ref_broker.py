@@ -15,6 +15,9 @@ replaced), and answers requests:
   {"<uid>": ["<skyfn user id>", ...]}, re-read when it changes) to the skyfn users of that uid;
 - the capability is verified with the store's secret (skyfn.data.capability.verify) and must
   name one of those users as owner or reader, and not be expired;
+- a request's `evict` is honoured only when the capability grants it (Capability.may_evict:
+  the owner, or a reader of a ref its owner made use-once): a reader's copy marked evict
+  reads the object and removes nothing;
 - then the object's bytes are read through the store's connector and sent; a refusal says
   why (not shared with you, expired, forged, no such object).
 
@@ -314,8 +317,12 @@ class RefBroker:
             if req["op"] == "exists":
                 return {"ok": True, "exists": bool(served.connector.exists(key))}, None
             data = served.connector.get(key)
-            if data is not None and req.get("evict"):
+            evict = bool(req.get("evict")) and any(cap.may_evict(u) for u in users)
+            if data is not None and evict:
                 served.connector.evict(key)
+            elif data is not None and req.get("evict"):
+                log.info("%s: uid %d asked to evict %s/%s, which its capability does not allow: served, kept",
+                         self.where, uid, store, key)
         except Exception as exc:  # the store's backend (its Redis down, a disk error): the consumer gets the reason
             log.warning("%s: reading %s/%s failed: %s: %s", self.where, store, key, type(exc).__name__, exc)
             return refusal("failed", f"the {self.where} could not read store {store}: {type(exc).__name__}: "

@@ -372,7 +372,7 @@ class TaskStaging:
                 return
             h["events"].append([STAGED_IN, ts])
             t[T_MGR] = None
-            ix._pend(key, t)
+            ix.pend(key, t)
             return
         rec = h["rec"]
         del ix.tasks[key]

@@ -16,14 +16,26 @@ polled one, with a DirectReceipt (receipt.py) instead of a queue receipt and the
 token's user as owner: the agent's allowlist still applies there. Results come back
 through the ResultBatcher, which keeps them for `flush`, called at the end of each step:
 one RESULTS frame per SDK per step (chunked when large). A vanished SDK costs a dropped
-reply and a counter, never a blocked or failed loop.
+reply and a counter, never a blocked or failed loop. The results sent lately stay in a
+bounded replay cache (RECENT_*): a PING that asks about one of them (its reply was lost
+with a dropped connection) gets it again, so a reconnected SDK resolves it without the
+service, and nothing runs twice.
+
+With `reach: rendezvous` (or `auto`) the socket is also, or only, bound to a private
+ipc:// path: no port is opened. The agent LISTENs at the rendezvous server instead
+(reach.py, started with `start_reach`), and each SDK's punched or relayed channel is joined
+to a connection to that path, so the same CurveZMQ session runs over it.
 """
 from __future__ import annotations
 
+import collections
 import errno
 import logging
+import os
+import shutil
+import tempfile
 import time
-from typing import Any, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 import orjson
 import zmq
@@ -46,6 +58,10 @@ MAX_TOKENS = 4096              # verified tokens kept; expired ones go first, th
 MAX_BODIES = 4096              # verified function bodies kept, oldest out first
 REPLY_CHUNK = 1000             # results per RESULTS frame at most
 DRAIN_MAX = 1000               # messages read per step (the managers' socket gets its turn)
+RECENT_MAX = 50_000            # results kept for replay after they were sent ...
+RECENT_BYTES = 64 << 20        # ... at most this many bytes of them ...
+RECENT_S = 600.0               # ... for at most this long
+SEEN_MAX = 200_000             # task ids remembered as received (an id not among them never arrived)
 
 _specs = TypeAdapter(list[TaskSpec])
 
@@ -78,19 +94,33 @@ class DirectServer:
         sock.curve_server = True
         sock.curve_secretkey = secret
         sock.curve_publickey = public
+        self.settings = settings
+        self.port: Optional[int] = None
+        self.address: Optional[str] = None
+        self.ipc_dir: Optional[str] = None
         try:
-            if settings.port:
-                sock.bind(f"tcp://{settings.listen}:{settings.port}")
-                self.port = settings.port
-            else:
-                self.port = sock.bind_to_random_port(f"tcp://{settings.listen}")
+            if settings.by_address:
+                if settings.port:
+                    sock.bind(f"tcp://{settings.listen}:{settings.port}")
+                    self.port = settings.port
+                else:
+                    self.port = sock.bind_to_random_port(f"tcp://{settings.listen}")
+                self.address = f"tcp://{settings.advertised_host()}:{self.port}"
         except zmq.ZMQError as exc:
             sock.close(0)
             raise ConfigError(f"direct: cannot listen on {settings.listen} port {settings.port or 'any'} ({exc}); "
                              f"change direct.listen or direct.port in config.yaml (port 0: any free port)") from None
+        if settings.by_rendezvous:  # paths through the rendezvous end here: a file, not a port
+            self.ipc_dir = tempfile.mkdtemp(prefix="skyfn-direct-")
+            sock.bind(f"ipc://{self.ipc_path}")
         self.sock = sock
         self.server_key = public.decode()
-        self.address = f"tcp://{settings.advertised_host()}:{self.port}"
+        self.reach = None  # the rendezvous side (reach.py), once start_reach ran
+        # task id -> (when sent, size, result record, the SDK's identity)
+        self.recent: collections.OrderedDict[str, tuple[float, int, dict, bytes]] = collections.OrderedDict()
+        self.recent_bytes = 0
+        self.replayed = 0
+        self.seen: collections.OrderedDict[str, float] = collections.OrderedDict()  # task id -> when received
         self.tokens: dict[str, tuple[float, dict[str, Any]]] = {}  # token -> (expiry, claims)
         self.bodies: dict[tuple[str, str], str] = {}  # (function id, digest) -> verified body
         self.taking = True  # False while the agent stops: packs are refused
@@ -98,16 +128,33 @@ class DirectServer:
         self.tasks = 0
         self.refused = 0
         self.dropped = 0
-        log.info("direct sessions on %s (bound on %s)", self.address, settings.listen)
+        log.info("direct sessions on %s%s", f"{self.address} (bound on {settings.listen})" if self.address else "no port",
+                 " and through the rendezvous server" if settings.by_rendezvous else "")
 
-    def info(self) -> dict[str, str]:
-        """What the heartbeat publishes (DirectInfo): where to connect, the key, the session key."""
-        return DirectInfo(address=self.address, server_key=self.server_key,
-                          session_key=self.session_key).model_dump()
+    @property
+    def ipc_path(self) -> Optional[str]:
+        return os.path.join(self.ipc_dir, "s") if self.ipc_dir else None
+
+    def info(self) -> dict[str, Any]:
+        """What the heartbeat publishes (DirectInfo): where to connect, the key, the session key,
+        whether the agent listens at the rendezvous server."""
+        return DirectInfo(address=self.address, server_key=self.server_key, session_key=self.session_key,
+                          rendezvous=self.settings.by_rendezvous).model_dump()
+
+    def start_reach(self, ticket: Callable[[], Any]) -> None:
+        """LISTEN at the rendezvous server (reach.py); `ticket()` gives the ListenTicket (the
+        service signs it: POST /endpoints/{id}/direct/listen)."""
+        from endpoint_agent.direct.reach import RendezvousReach
+
+        self.reach = RendezvousReach(self.endpoint_id, self.ipc_path, self.session_key, ticket,
+                                     punch_timeout=self.settings.punch_timeout).start()
 
     def stats(self) -> dict[str, Any]:
-        return {"address": self.address, "packs": self.packs, "tasks": self.tasks, "refused": self.refused,
-                "dropped_results": self.dropped}
+        out = {"address": self.address, "packs": self.packs, "tasks": self.tasks, "refused": self.refused,
+               "dropped_results": self.dropped, "replayed_results": self.replayed}
+        if self.reach is not None:
+            out["rendezvous"] = self.reach.stats()
+        return out
 
     # --- in ---------------------------------------------------------------------------
     def drain(self, st: IxState) -> list:
@@ -151,6 +198,7 @@ class DirectServer:
             return None
         self.packs += 1
         self.tasks += len(specs)
+        self._saw(specs)
         receipt = DirectReceipt(identity, claims["sid"], {s.task_id: s.function_id for s in specs})
         names = claims.get("fnm") or {}  # signed by the service, as a polled pack's function_meta is sent by it
         meta = {fid: {"owner": names[fid][0], "name": names[fid][1]} for fid in bodies if fid in names}
@@ -253,11 +301,14 @@ class DirectServer:
         return True
 
     def pong(self, st: IxState, identity: bytes, asked_frame: bytes, entries: list) -> None:
-        """PONG {started, load, capacity, unknown}: `unknown` are the asked task ids (a PING may carry
-        a JSON list, MAX_ASKED at most) this agent does not hold -- not pending, running,
-        received this step or with a reply about to go. The SDK settles those through the
-        service: their reply was lost (an SDK reconnected), or they never arrived."""
+        """PONG {started, load, capacity, unknown, never}: of the asked task ids (a PING may carry
+        a JSON list, MAX_ASKED at most) that this agent does not hold -- not pending, running,
+        received this step or with a reply about to go -- those whose result it still keeps
+        are sent again (RESULTS, first); `never` are those that never arrived (lost on the way:
+        the SDK sends them again, safely), `unknown` the rest, which the SDK settles through
+        the service."""
         unknown: list[str] = []
+        never: list[str] = []
         if asked_frame:
             try:
                 asked = orjson.loads(asked_frame)
@@ -269,9 +320,24 @@ class DirectServer:
                     held.update(receipt.functions)
                 for recs in st.direct_replies.values():
                     held.update(r["task_id"] for r in recs)
-                unknown = [tid for tid in asked[:MAX_ASKED] if isinstance(tid, str) and tid not in held]
+                again = []
+                for tid in asked[:MAX_ASKED]:
+                    if not isinstance(tid, str) or tid in held:
+                        continue
+                    kept = self.recent.get(tid)
+                    if kept is not None and kept[3] == identity:  # only to the SDK that sent the task
+                        again.append(kept[2])
+                    elif tid in self.seen:
+                        unknown.append(tid)
+                    else:
+                        never.append(tid)
+                if again:  # their replies were lost: again, before the PONG that would call them unknown
+                    self.replayed += len(again)
+                    for i in range(0, len(again), REPLY_CHUNK):
+                        self.send(identity, [RESULTS, orjson.dumps(again[i:i + REPLY_CHUNK])], 0)
         self.send(identity, [PONG, orjson.dumps({"started": self.started, "load": st.load(),
-                                                 "capacity": st.capacity(), "unknown": unknown})], 0)
+                                                 "capacity": st.capacity(), "unknown": unknown,
+                                                 "never": never})], 0)
 
     # --- out --------------------------------------------------------------------------
     def refuse(self, identity: bytes, task_ids: list[str], code: str, reason: str) -> None:
@@ -284,9 +350,41 @@ class DirectServer:
         replies = st.direct_replies
         st.direct_replies = {}
         for identity, recs in replies.items():
+            self._remember(identity, recs)
+        for identity, recs in replies.items():
             for i in range(0, len(recs), REPLY_CHUNK):
                 chunk = recs[i:i + REPLY_CHUNK] if len(recs) > REPLY_CHUNK else recs
                 self.send(identity, [RESULTS, orjson.dumps(chunk)], len(chunk))
+
+    def _saw(self, specs: list) -> None:
+        """Remember which task ids arrived (RECENT_S, SEEN_MAX): an asked id never seen is safe to resend."""
+        now = time.monotonic()
+        seen = self.seen
+        for spec in specs:
+            seen[spec.task_id] = now
+        while seen:
+            tid, when = next(iter(seen.items()))
+            if len(seen) <= SEEN_MAX and now - when <= RECENT_S:
+                break
+            seen.popitem(last=False)
+
+    def _remember(self, identity: bytes, recs: list[dict]) -> None:
+        """Keep sent results for replay (see the module docstring), within RECENT_*."""
+        now = time.monotonic()
+        recent = self.recent
+        for rec in recs:
+            size = sum(len(v) for v in (rec.get("result"), rec.get("error"), rec.get("stdout"), rec.get("stderr"))
+                       if isinstance(v, (str, bytes)))
+            old = recent.pop(rec["task_id"], None)
+            if old is not None:
+                self.recent_bytes -= old[1]
+            recent[rec["task_id"]] = (now, size, rec, identity)
+            self.recent_bytes += size
+        while recent:
+            first = next(iter(recent.values()))
+            if len(recent) <= RECENT_MAX and self.recent_bytes <= RECENT_BYTES and now - first[0] <= RECENT_S:
+                break
+            self.recent_bytes -= recent.popitem(last=False)[1][1]
 
     def send(self, identity: bytes, frames: list[bytes], n_results: int) -> None:
         """Never blocks or raises: an SDK gone (EHOSTUNREACH) or not reading (EAGAIN) loses the reply."""
@@ -298,6 +396,10 @@ class DirectServer:
                 log.warning("direct reply to an SDK failed (%s): dropped", exc)
 
     def close(self, st: IxState) -> None:
+        if self.reach is not None:
+            self.reach.stop()
         if st.direct_replies:
             self.flush(st)
         self.sock.close(0)
+        if self.ipc_dir:
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)

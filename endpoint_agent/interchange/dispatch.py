@@ -19,7 +19,7 @@ import zmq
 from endpoint_agent import wire
 from endpoint_agent.interchange.results import ResultBatcher
 from endpoint_agent.interchange.state import IxState, ManagerHandle
-from endpoint_agent.task_record import T_FN, T_ID, T_MGR, T_PACK, T_PAYLOAD, T_RECV, T_WALL
+from endpoint_agent.task_record import T_FN, T_MGR, T_PACK, T_PAYLOAD, T_WALL, fail_queued
 
 log = logging.getLogger("skyfn.agent.interchange")
 
@@ -69,15 +69,7 @@ class Dispatcher:
         reason = (f"the task needs {route[1] or 1} core(s) and {route[2]} GPU(s); the largest node connected "
                   f"({biggest.hostname}, manager {biggest.id}) has {biggest.cores} core(s) and "
                   f"{len(biggest.accelerators)} GPU(s)")
-        add = self.out.add
-        while dq:
-            key = dq.popleft()
-            t = st.tasks.pop(key, None)
-            if t is None:
-                continue
-            st.n_pending -= 1
-            add(st, {"task_id": t[T_ID], "state": "FAILED", "reason": reason,
-                     "events": [["DISPATCHED", t[T_RECV]]]}, t[T_PACK])
+        fail_queued(st, dq, reason, lambda rec, pack: self.out.add(st, rec, pack))
         st._room()
 
     def send_tasks(self, st: IxState, m: ManagerHandle, dq: collections.deque, n: int, route: tuple) -> None:

@@ -27,7 +27,7 @@ from endpoint_agent import wire
 from endpoint_agent.config import EndpointConfig
 from endpoint_agent.interchange.results import ResultBatcher
 from endpoint_agent.interchange.state import PLAIN, IxState
-from endpoint_agent.task_record import T_ID, T_MGR, T_PACK
+from endpoint_agent.task_record import T_ID, T_MGR, T_PACK, new_record
 from skyfn.protocol import blobs
 
 log = logging.getLogger("skyfn.agent.interchange")
@@ -117,18 +117,18 @@ class Intake:
                 if (spec.stage_in or spec.stage_out) and self.stage(st, key, spec, payload, seq, recv_ts):
                     continue
                 if spec.container is None and not res and not placed and spec.after is None:
-                    tasks[key] = [spec.task_id, spec.function_id, payload, spec.walltime, seq, recv_ts, 0,
-                                  PLAIN, None]
+                    tasks[key] = new_record(spec.task_id, spec.function_id, payload, spec.walltime, seq, recv_ts,
+                                            PLAIN)
                     plain.append(key)
                     st.n_pending += 1
                     continue
-                t = [spec.task_id, spec.function_id, payload, spec.walltime, seq, recv_ts, 0,
-                     task_route(spec, placed), None]
+                t = new_record(spec.task_id, spec.function_id, payload, spec.walltime, seq, recv_ts,
+                               task_route(spec, placed))
                 if spec.after:  # sent ahead of its inputs: held until their results are here (parked.py)
                     st.parked.admit(st, key, t, spec.after)
                     continue
                 tasks[key] = t
-                st._pend(key, t)
+                st.pend(key, t)
 
     def stage(self, st: IxState, key: int, spec, payload: Any, seq: int, recv_ts: float) -> bool:
         """A task with GlobusFiles: held while its inputs arrive (True), or pended now (False)."""
@@ -138,11 +138,11 @@ class Intake:
             self.out.add(st, {"task_id": spec.task_id, "state": "FAILED",
                               "reason": no_staging_reason(st.endpoint_id), "events": [["DISPATCHED", recv_ts]]}, seq)
             return True
-        t = [spec.task_id, spec.function_id, payload, spec.walltime, seq, recv_ts, 0,
-             task_route(spec, st.placement is not None), None]
+        t = new_record(spec.task_id, spec.function_id, payload, spec.walltime, seq, recv_ts,
+                       task_route(spec, st.placement is not None))
         st.tasks[key] = t
         if not st.staging.admit(key, t, spec):
-            st._pend(key, t)
+            st.pend(key, t)
         return True
 
     def on_cancel(self, st: IxState, task_ids: list[str]) -> None:

@@ -205,6 +205,14 @@ class Interchange(IxState):
         self.registry.drained_blocks.add(str(block_id))
         self.drain(block=str(block_id))
 
+    def on_outbox_idle(self) -> None:
+        """The outbox ran dry: wake the loop when results are held for the next send (group
+        commit). An empty buffer needs no wake-up: what the loop buffers after this check it
+        flushes itself, as it finds the outbox idle."""
+        out = self.out
+        if out.results or out.updates or out.acks:
+            self.wake_up()
+
     def wake_up(self) -> None:
         """Cut the loop's wait short (from another thread: poller, outbox)."""
         # one PUSH socket per calling thread (sockets are not thread-safe)
@@ -266,8 +274,8 @@ class Interchange(IxState):
     def on_cancel(self, task_ids: list[str]) -> None:
         self.intake.on_cancel(self, task_ids)
 
-    def maybe_flush(self, mono: float) -> None:
-        self.out.maybe_flush(self, mono)
+    def maybe_flush(self) -> None:
+        self.out.maybe_flush(self)
 
     def flush(self) -> None:
         """Hand buffered results, updates and acks to the outbox as one operation."""
@@ -289,13 +297,11 @@ class Interchange(IxState):
 
     # --- the loop -----------------------------------------------------------------
     def step(self, max_wait: float) -> None:
-        """One round: wait for messages (at most max_wait s, less when a flush is due),
-        take everything available, dispatch, flush."""
-        wait = max_wait
+        """One round: wait for messages (at most max_wait s; the outbox running dry wakes
+        it, so results held for company leave then), take everything available, dispatch,
+        flush."""
         out = self.out
-        if out.results or out.updates or out.acks:
-            wait = min(wait, max(0.0005, out.flush_due(self) - time.monotonic()))
-        events = dict(self.poller.poll(wait * 1000))
+        events = dict(self.poller.poll(max_wait * 1000))
         if self.wake in events:
             wake = self.wake
             try:  # ZMQ_EVENTS, not recv until Again: a raised Again costs more than the check
@@ -322,9 +328,9 @@ class Interchange(IxState):
             self.parked.check(self, mono)
         if self.n_pending:
             self.dispatcher.dispatch(self)
-        out.maybe_flush(self, mono)
-        if self.direct_replies:
+        if self.direct_replies:  # first: an SDK is waiting on these; the service's copy is not awaited
             direct.flush(self)
+        out.maybe_flush(self)
 
     def do_control(self) -> None:
         while self.control:

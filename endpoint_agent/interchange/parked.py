@@ -212,7 +212,7 @@ class ParkedTasks:
         self.released_at[t[T_ID]] = ts
         self.released += 1
         st.tasks[key] = t
-        st._pend(key, t)
+        st.pend(key, t)
 
     def _unpark(self, st, t: list, why: str) -> None:
         self.unparked += 1

@@ -135,17 +135,9 @@ class ManagerPlacement:
                     dq.appendleft(keys.pop())
 
     def _refuse(self, ix: PlacementHost, dq: collections.deque, reason: str) -> None:
-        from endpoint_agent.task_record import T_ID, T_PACK, T_RECV
+        from endpoint_agent.task_record import fail_queued
 
-        while dq:
-            key = dq.popleft()
-            t = ix.tasks.pop(key, None)
-            if t is None:
-                continue
-            ix.n_pending -= 1
-            self.refused += 1
-            ix._add_result({"task_id": t[T_ID], "state": "FAILED", "reason": f"placement: {reason}"[:2000],
-                            "events": [["DISPATCHED", t[T_RECV]]]}, t[T_PACK])
+        self.refused += fail_queued(ix, dq, f"placement: {reason}"[:2000], ix._add_result)
         ix._room()
 
     def snapshot(self) -> dict[str, Any]:

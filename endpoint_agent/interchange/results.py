@@ -4,16 +4,18 @@ Results come back from managers in batches and become TaskResult records with th
 agent-side events (DISPATCHED when the pack was received, RUNNING and DONE from the
 worker) and captured stdout/stderr; RUNNING reports and lease extensions become
 TaskUpdates. They leave as ResultPack bodies through the outbox: at most `result_batch`
-results (and PACK_MAX_BYTES) per body, UPDATES_PER_BODY updates, one send per
-`result_flush_ms` at most while results keep coming (a lone result goes at once, when the
-outbox is idle and has sent nothing for that long). A task chain released here one result
-after another (parked.py) so leaves in packs of several, which the service applies at the
-rate they come, rather than one pack per result. A task message
+results (and PACK_MAX_BYTES) per body, UPDATES_PER_BODY updates, by group commit with no
+timer: what is buffered goes to the outbox at once when nothing is in flight there (a lone
+result never waits); what comes while a send is in flight waits for that send to complete
+(the outbox wakes the interchange when it runs dry) and then leaves together, or earlier
+when `result_batch` results are buffered (a size bound, never a delay). A task chain
+released here one result after another (parked.py) so still leaves in packs of several,
+because its results arrive while the previous pack is in flight. A task message
 is acknowledged in the same outbox operation as, and after, the last result of its pack;
 a task that ends without a result (cancelled) still counts as done for its pack.
 A task of a direct session (endpoint_agent.direct) has no message: its result also goes back to
-the SDK (st.direct_replies, sent at the end of the interchange's step) and carries its
-session and function id; it gets no RUNNING or LEASE update.
+the SDK (st.direct_replies, sent at the end of the interchange's step, before the service's
+pack is handed on) and carries its session and function id; it gets no RUNNING or LEASE update.
 
 Every outcome -- a manager's result, a task refused, failed or out of retries -- goes
 through `add`. One ResultBatcher per interchange, on the interchange's thread; its
@@ -42,8 +44,7 @@ class ResultBatcher:
         self.results_bytes = 0
         self.updates: list[dict] = []
         self.acks: list[str] = []
-        self.flush_interval = config.result_flush_ms / 1000.0
-        self.first_buffered = 0.0
+        self.first_buffered = 0.0  # monotonic time the oldest buffered item came (stats, tests)
         self.last_flush = 0.0  # monotonic time of the last hand-over to the outbox
 
     # --- from managers ------------------------------------------------------------
@@ -145,21 +146,11 @@ class ResultBatcher:
         self.acks.append(receipt)
 
     # --- to the outbox ------------------------------------------------------------
-    def maybe_flush(self, st: IxState, mono: float) -> None:
-        """Flush when the outbox is idle and the last flush is result_flush_ms old (a lone
-        result leaves at once), else let results accumulate, for at most result_flush_ms
-        (batches grow with load)."""
-        if not (self.results or self.updates or self.acks):
-            return
-        if mono >= self.flush_due(st):
+    def maybe_flush(self, st: IxState) -> None:
+        """Group commit: flush when the outbox has nothing in flight, else leave the buffer
+        for the round after the outbox runs dry (its on_idle wakes the interchange)."""
+        if (self.results or self.updates or self.acks) and st.outbox.idle():
             self.flush(st)
-
-    def flush_due(self, st: IxState) -> float:
-        """The monotonic time the buffered results are to leave by."""
-        due = self.first_buffered + self.flush_interval
-        if st.outbox.idle():
-            due = min(due, self.last_flush + self.flush_interval)
-        return due
 
     @staticmethod
     def _rec_size(rec: dict) -> int:

@@ -121,7 +121,8 @@ class IxState:
         self.roster = 0  # bumped when a manager registers or goes (status.json is rewritten)
         self.closing = False
 
-    def _pend(self, key: int, t: list) -> None:
+    def pend(self, key: int, t: list) -> None:
+        """The task `key` (record `t`) waits for a manager on its route's queue."""
         dq = self.pending.get(t[T_ROUTE])
         if dq is None:
             dq = self.pending[t[T_ROUTE]] = collections.deque()

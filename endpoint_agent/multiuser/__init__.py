@@ -17,6 +17,9 @@ that user's own POSIX account.
                JSON schema, every inserted value a quoted YAML scalar; the rendered config and
                a stable digest of (user, config) that keys user agents
 - `audit`      the endpoint's audit log: JSON lines, 0600, one write per record
+- `routes`     the routing record (task -> user agent, identity, function) audit lines come from;
+               `lane_routes` reads it from the service's messages in lanes; `audit_copies`
+               judges what a lane's agent reports (its outcome only; disagreements logged)
 - `configure`  `skyfn-endpoint configure --multi-user NAME`: the admin's settings
                (`MultiUserConfig`) and the example files it writes
 - `errors`     `TaskRefused`, the base of every refusal a task is FAILED with

@@ -265,16 +265,17 @@ def account_environment(account: Account, extra: Optional[Mapping[str, str]] = N
 # --- starting a process as the account ---------------------------------------------------
 
 def start_as(account: Account, argv: Sequence[str], *, workdir: Path, environment: Mapping[str, str],
-             **popen: Any) -> subprocess.Popen:
+             extra_gids: Sequence[int] = (), **popen: Any) -> subprocess.Popen:
     """Start `argv` as the account: groups, gid, uid dropped in that order (see the module's
     docstring), in `workdir`, with exactly `environment` (build it with account_environment).
+    `extra_gids`: supplementary groups added to the account's (never 0).
 
     Other Popen arguments (stdin, stdout, stderr, pass_fds, ...) pass through; the ones that
     decide identity and environment may not."""
     bad = sorted(set(popen) & set(_POPEN_RESERVED))
     if bad:
         raise TypeError(f"start_as sets {', '.join(bad)} itself")
-    if account.uid == 0 or account.gid == 0 or 0 in account.groups:
+    if account.uid == 0 or account.gid == 0 or 0 in account.groups or 0 in extra_gids:
         raise AccountRefused(f"account refused: {account.describe()} has root's uid or group")
     if not account.groups:  # never: os.getgrouplist holds the primary gid; an empty list would keep root's groups
         raise AccountRefused(f"account refused: {account.describe()} has no group list")
@@ -283,8 +284,9 @@ def start_as(account: Account, argv: Sequence[str], *, workdir: Path, environmen
                          "(use account_environment)")
     popen.setdefault("close_fds", True)
     try:
-        return subprocess.Popen(list(argv), user=account.uid, group=account.gid, extra_groups=list(account.groups),
-                                cwd=str(workdir), env=dict(environment), start_new_session=True, umask=0o077, **popen)
+        return subprocess.Popen(list(argv), user=account.uid, group=account.gid,
+                                extra_groups=[*account.groups, *extra_gids], cwd=str(workdir),
+                                env=dict(environment), start_new_session=True, umask=0o077, **popen)
     except PermissionError as exc:
         if os.geteuid() != 0:
             raise PermissionError(f"starting a process as {account.describe()} needs root (or CAP_SETUID and "

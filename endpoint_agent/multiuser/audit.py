@@ -3,8 +3,17 @@
 Each record (`AuditLog.record(...)`) holds the submitting identity (id, username, email,
 identity_provider), the mapped account and its uid, the function (id, name), the task id,
 start and end (ISO 8601, UTC, milliseconds), the outcome (SUCCEEDED, FAILED, TIMED_OUT,
-CANCELLED, or REFUSED for a task refused before it ran) with an optional reason, and when
-it was written. Values are JSON-encoded, so a newline in a username cannot forge a line.
+CANCELLED, REFUSED for a task refused before it ran, or UNCONFIRMED for a lane's task whose
+final state the service did not confirm in time: multiuser/audit_confirm.py) with an
+optional reason, and when it was written. Values are JSON-encoded, so a newline in a
+username cannot forge a line.
+
+A *disagreement* (`AuditLog.disagreement(...)`) is a line of another shape: what a user agent
+reported about a task that does not match the routing record (multiuser/routes.py) or the
+service's final state -- a task not routed to it, another identity or function, another
+outcome than the service's -- with the agent (account, uid, key), the reason, and the
+claim as received (`claimed`, strings cut at MAX_CLAIM characters). It has no top-level
+`task_id`: it is never a task's record.
 
 The file is the privileged process's alone: created 0600 (O_CREAT, never through a symlink:
 O_NOFOLLOW), and an existing one must be a regular file owned by the writer with no group
@@ -27,7 +36,8 @@ from typing import Any, Mapping, Optional
 
 from endpoint_agent.errors import ConfigError
 
-OUTCOMES = ("SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "REFUSED")
+OUTCOMES = ("SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED", "REFUSED", "UNCONFIRMED")
+MAX_CLAIM = 256  # characters of each string of a disagreeing claim kept in its line
 IDENTITY_FIELDS = ("id", "username", "email", "identity_provider")
 
 
@@ -39,6 +49,21 @@ def iso(ts: Optional[float]) -> Optional[str]:
     if ts is None:
         return None
     return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _cut(value: Any, depth: int = 0) -> Any:
+    """A claim made safe to keep: strings cut, at most 32 items per level, 3 levels deep."""
+    if isinstance(value, str):
+        return value if len(value) <= MAX_CLAIM else value[:MAX_CLAIM] + "..."
+    if isinstance(value, (bool, int, float)) or value is None:
+        return value
+    if depth >= 3:
+        return "..."
+    if isinstance(value, dict):
+        return {_cut(str(k)): _cut(v, depth + 1) for k, v in list(value.items())[:32]}
+    if isinstance(value, (list, tuple)):
+        return [_cut(v, depth + 1) for v in list(value)[:32]]
+    return _cut(repr(value))
 
 
 class AuditLog:
@@ -96,6 +121,17 @@ class AuditLog:
         }
         if reason is not None:
             entry["reason"] = reason
+        self._write(entry)
+        return entry
+
+    def disagreement(self, *, account: str, uid: int, user_agent: str, reason: str, claimed: Any) -> dict:
+        """Append a disagreement line (see the module docstring); returns it as written."""
+        entry = {"time": iso(time.time()), "disagreement": reason,
+                 "user_agent": {"key": user_agent, "account": account, "uid": uid}, "claimed": _cut(claimed)}
+        self._write(entry)
+        return entry
+
+    def _write(self, entry: dict) -> None:
         line = (json.dumps(entry, ensure_ascii=False, separators=(",", ":"), default=str) + "\n").encode()
         with self._lock:
             if self._fd is None:
@@ -104,7 +140,6 @@ class AuditLog:
             if written != len(line):  # a full disk; a short line is better than a lost one, but say so
                 raise AuditLogError(f"audit log {self.path}: wrote {written} of {len(line)} bytes of a record "
                                     "(disk full?)")
-        return entry
 
     def close(self) -> None:
         with self._lock:

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from endpoint_agent import yaml_text
 from endpoint_agent.errors import ConfigError
 from endpoint_agent.paths import EndpointPaths
 
@@ -55,6 +56,9 @@ class MultiUserConfig(BaseModel):
     deny_accounts: list[str] = Field(default_factory=lambda: ["root", "nobody"])
     min_uid: int = Field(default=1000, ge=1, le=2**31)
     idle_timeout: float = Field(default=600.0, gt=0, le=7 * 86400)
+    # a user agent's lane is unbound at the service once the agent has been idle this long (it has
+    # stopped after idle_timeout): its users' next task comes through the router, which binds again
+    lane_idle_timeout: float = Field(default=3600.0, gt=0, le=30 * 86400)
     # the service sends a mapped user's tasks to their user agent's lane directly (skyfn.protocol.lanes);
     # false: every task goes through the router, as where the service's queues are SQS
     lanes: bool = True
@@ -64,13 +68,17 @@ class MultiUserConfig(BaseModel):
     user_agent_python: str = Field(default_factory=lambda: sys.executable, min_length=1)
     # sockets and files every account reads (the peer-ref brokers): not under root's home
     runtime_directory: str = Field(default="/run/skyfn/{name}", min_length=1)
+    # a gid no group and no account has: user agents get it as an extra group, and the uid -> skyfn
+    # identities file (identities.json in the runtime directory) is root's, 0640, of this group, so
+    # only the user agents (whose peer-ref brokers need it) read it, not every account of the host
+    peer_gid: int = Field(default=3_900_000_000, ge=1000, le=4_294_967_294)
     # the service link, as in an ordinary endpoint's config.yaml
     service_url: Optional[str] = Field(default=None, pattern=r"^https?://\S+$")
     token: Optional[str] = Field(default=None, min_length=1)
     heartbeat_period: float = Field(default=10.0, ge=0.1, le=3600)
     lease_seconds: float = Field(default=60.0, ge=1, le=43200)
     receive_batch: int = Field(default=10, ge=1, le=1000)
-    receive_wait: float = Field(default=1.0, ge=0, le=20)
+    receive_wait: float = Field(default=20.0, ge=0, le=20)  # an idle long poll: the agent's default
     max_routed_packs: int = Field(default=10_000, ge=1, le=1_000_000)
 
     @field_validator("user_agent_python")
@@ -90,6 +98,15 @@ class MultiUserConfig(BaseModel):
             raise ValueError(f"only {{name}} may be used ({type(exc).__name__}: {exc})") from None
         if not sample.startswith("/") or "/../" in sample + "/":
             raise ValueError("it must give an absolute path without '..', e.g. /run/skyfn/{name}")
+        return value
+
+    @field_validator("lane_idle_timeout")
+    @classmethod
+    def _lane_idle(cls, value: float, info: ValidationInfo) -> float:
+        idle = info.data.get("idle_timeout")
+        if idle is not None and value < idle:
+            raise ValueError(f"it is shorter than idle_timeout ({idle:g}): a lane is unbound only once its user agent "
+                             f"has stopped idle; set lane_idle_timeout to at least {idle:g}, or lower idle_timeout")
         return value
 
     def endpoint_settings(self) -> dict[str, Any]:
@@ -161,13 +178,7 @@ def load_multi_user_config(path: Path) -> MultiUserConfig:
     except FileNotFoundError:
         raise ConfigError(f"no configuration at {path}: run `skyfn-endpoint configure --multi-user NAME` "
                           "first") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{path}{where}: not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
-    return parse_multi_user_config(data, str(path), base=path.parent)
+    return parse_multi_user_config(yaml_text.load(text, str(path)), str(path), base=path.parent)
 
 
 def is_multi_user(path: Path) -> bool:
@@ -229,6 +240,8 @@ user_config_schema: user_config_schema.json          # JSON schema of Executor(u
 user_environment_file: user_environment              # KEY=VALUE; nothing of root's environment is passed
 working_directory: "{{home}}/.skyfn/work"             # {{home}}, {{user}}; created 0700 for the account if missing
 idle_timeout: 600          # seconds an idle user agent lives; the next task starts it again
+lane_idle_timeout: 3600    # seconds idle after which a user agent's lane is unbound at the service
+                           # (at least idle_timeout); the next task binds it again, through this process
 lanes: true                # the service sends a mapped user's tasks straight to their user agent
                            # (its own queue at the service); false: all through this process
 

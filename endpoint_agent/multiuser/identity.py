@@ -44,10 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-import yaml
 from globus_identity_mapping import ExpressionIdentityMapping, ExternalIdentityMapping
 from globus_identity_mapping.errors import IdentityMappingError, InvalidMappingError
 
+from endpoint_agent import yaml_text
 from endpoint_agent.errors import ConfigError
 from endpoint_agent.multiuser.accounts import check_account_name, check_admin_file
 from endpoint_agent.multiuser.errors import TaskRefused
@@ -185,13 +185,7 @@ def load_mapping_document(path: Path) -> list[dict]:
             raise ConfigError(f"identity mapping file {path} line {exc.lineno}, column {exc.colno}: not valid "
                               f"JSON: {exc.msg}") from None
     else:
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            raise ConfigError(f"identity mapping file {path}{where}: not valid YAML: "
-                              f"{getattr(exc, 'problem', None) or exc}") from None
+        data = yaml_text.load(text, f"identity mapping file {path}")
     return _as_documents(data, str(path))
 
 

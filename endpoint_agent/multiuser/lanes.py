@@ -64,5 +64,10 @@ class Lanes:
         q.ensure()
         return q
 
+    @property
+    def client(self) -> redis.Redis:
+        """The endpoint's queue login on the service's Redis (it may read its lanes' streams)."""
+        return self._client
+
     def shut(self) -> None:
         self._client.close()

@@ -28,9 +28,14 @@ Lanes (skyfn.protocol.lanes, multiuser/lanes.py): where the service has them, ro
 also binds its (identity, config key) to its user agent's lane at the service, and the pack
 goes into the lane's queue instead of the router's stream. From then on the service sends
 that user's tasks to the lane itself and the user agent returns their results to the service
-sealed: the router sees neither. The agent copies what the audit log needs to its results
-stream (multiuser/lane.py); the forwarder writes those lines, one per task. Cancels of tasks
-the router did not route go to every agent with a lane (an agent ignores ids it does not hold).
+sealed: the router sees neither. The routing record of those tasks comes from the service's
+messages in the lane (multiuser/lane_routes.py), never from the agent; the agent copies each
+task's outcome to its results stream (multiuser/lane.py), and the forwarder writes a line per
+task from the record and the service's final state, which it asks with the endpoint's
+credential; a copy that does not fit the record, or reports another outcome than the
+service's, is a disagreement (multiuser/audit_copies.py, audit_confirm.py). A cancel of a task
+whose route is not known reads the lanes first; if it is still unknown it goes to every
+running agent with a lane (an agent ignores ids it does not hold).
 """
 from __future__ import annotations
 
@@ -44,11 +49,13 @@ from endpoint_agent.config import parse_config
 from endpoint_agent.errors import ConfigError
 from endpoint_agent.multiuser.accounts import Account, lookup_account
 from endpoint_agent.multiuser.audit import AuditLog
+from endpoint_agent.multiuser.audit_copies import CopyJudge, parse
 from endpoint_agent.multiuser.configure import MultiUserConfig
 from endpoint_agent.multiuser.errors import TaskRefused
 from endpoint_agent.multiuser.identity import IdentityMapper
+from endpoint_agent.multiuser.routes import IDENTITIES, ROUTES, route_value, routes_of, times_of, write_lines
 from endpoint_agent.multiuser.templates import UserConfigTemplate
-from endpoint_agent.multiuser.user_agents import ENDPOINT_KEYS, UserAgent, UserAgents
+from endpoint_agent.multiuser.user_agents import ENDPOINT_KEYS, StartRefused, UserAgent, UserAgents
 from endpoint_agent.service.outbox import Outbox
 from skyfn.protocol.messages import ControlMessage, ResultPack, TaskPack, TaskResult
 from skyfn.protocol.queues.base import TaskQueue
@@ -57,11 +64,8 @@ from skyfn.protocol.user_config import config_key
 log = logging.getLogger("skyfn.multiuser.router")
 
 AUDIT_HEAD = b'{"audit":'    # a lane agent's audit copies, in its results stream (multiuser/lane.py)
-AUDITED = "mu:audited:"      # task id -> 1 once its audit line is written (a task run again is written once)
-AUDITED_TTL_S = 7 * 24 * 3600
-AUDIT_POLL_S = 0.25          # how often the audit copies of a lane's agent are read
-ROUTES = "mu:routes"          # hash task id -> {"k": user agent, "i": identity id, "f": function id, "n": name}
-IDENTITIES = "mu:identities"  # hash identity id -> its claims (for the audit log)
+AUDIT_POLL_S = 0.25          # how often the audit copies of a busy lane's agent are read
+AUDIT_POLL_IDLE_S = 4.0      # ... doubling up to this while its copies stream stays empty
 PLAN_CACHE_S = 30.0           # a (identity, user_config) mapped and rendered is reused this long
 FINAL = ("SUCCEEDED", "FAILED", "TIMED_OUT")
 
@@ -80,7 +84,7 @@ class Plan:
 class Router:
     def __init__(self, *, config: MultiUserConfig, name: str, endpoint_id: str, mapper: IdentityMapper,
                  template: UserConfigTemplate, agents: UserAgents, audit: AuditLog, outbox: Outbox,
-                 open_results_queue, router_client):
+                 open_results_queue, router_client, lane_routes=None):
         self.config = config
         self.name = name
         self.endpoint_id = endpoint_id
@@ -91,9 +95,16 @@ class Router:
         self.outbox = outbox
         self.open_results_queue = open_results_queue  # () -> a TaskQueue of the service's results queue
         self.r = router_client
+        self.lane_routes = lane_routes  # lane_routes.LaneRoutes: the routes of the lanes' tasks (None: no lanes)
+        lanes = getattr(agents, "lanes", None)  # the lanes' service link asks the service its tasks' states
+        self.copies = CopyJudge(router_client, audit, lane_routes.catch_up if lane_routes is not None else None,
+                                ask=(lambda ids: lanes.link.task_states(endpoint_id, ids).states)
+                                if lanes is not None else None)
         self._plans: dict[str, Plan] = {}
         self._forwarders: dict[str, threading.Thread] = {}
         self._halt = threading.Event()
+        if lane_routes is not None:  # lanes: their tasks' lines wait for the service's final state
+            self.copies.confirmer.start(self._halt)
         self.routed = 0
         self.refused = 0
         self.forwarded_results = 0
@@ -114,6 +125,9 @@ class Router:
                 try:
                     ua = self.agents.get(plan.account, pack.identity.id, plan.config, plan.digest,
                                          config_key(pack.user_config))
+                except StartRefused as exc:  # it could not start, or is backed off: the reason says which
+                    self._refuse(receipt, pack, str(exc), plan.account, ack)
+                    continue
                 except (TaskRefused, ConfigError, OSError) as exc:
                     self._refuse(receipt, pack, f"the user agent of {plan.account.name} could not be started on "
                                                 f"endpoint {self.name}: {exc}", plan.account, ack)
@@ -182,16 +196,16 @@ class Router:
     def _route(self, ua: UserAgent, pack: TaskPack) -> None:
         identity = pack.identity
         body = pack.model_dump_json(exclude_none=True).encode()
-        if ua.lane_queue is not None:  # its results come back from the service: no route to keep
-            self.r.hset(IDENTITIES, identity.id, identity.model_dump_json())
-            ua.lane_queue.send([body])
-            return
-        routes = {t.task_id: json.dumps({"k": ua.key, "i": identity.id, "f": t.function_id,
-                                         "n": (pack.function_meta.get(t.function_id) or {}).get("name")})
+        routes = {t.task_id: route_value(ua.key, identity.id, t.function_id,
+                                         (pack.function_meta.get(t.function_id) or {}).get("name"))
                   for t in pack.tasks}
         pipe = self.r.pipeline(transaction=False)
-        pipe.hset(ROUTES, mapping=routes)
+        pipe.hset(ROUTES, mapping=routes)  # the record the audit line is written from
         pipe.hset(IDENTITIES, identity.id, identity.model_dump_json())
+        if ua.lane_queue is not None:  # its results come back from the service; the route is kept
+            pipe.execute()
+            ua.lane_queue.send([body])
+            return
         ua.queues["tasks"].send_on(pipe, [body])
         pipe.execute()
 
@@ -215,9 +229,7 @@ class Router:
 
     def _routes(self, task_ids: list[str]) -> dict[str, dict]:
         """The routes of these tasks that exist: task id -> {"k", "i", "f", "n"}."""
-        if not task_ids:
-            return {}
-        return {tid: json.loads(raw) for tid, raw in zip(task_ids, self.r.hmget(ROUTES, task_ids)) if raw is not None}
+        return routes_of(self.r, task_ids)
 
     # --- cancels -----------------------------------------------------------------------
     def cancel(self, task_ids: list[str]) -> None:
@@ -226,11 +238,19 @@ class Router:
         the cancel through its copies)."""
         routes = self._routes(task_ids)
         unrouted = [tid for tid in task_ids if tid not in routes]
-        if unrouted:
+        if unrouted and self.lane_routes is not None:  # in a lane, not read yet: read the lanes now
+            try:
+                self.lane_routes.catch_up()
+                routes.update(self._routes(unrouted))
+                unrouted = [tid for tid in unrouted if tid not in routes]
+            except Exception as exc:  # noqa: BLE001 - the service's Redis restarting: to every lane agent
+                log.warning("cannot read the lanes before a cancel (%s)", exc)
+        if unrouted:  # still unknown (not sent yet, or ended already): every running agent with a lane
             body = ControlMessage(cancel=unrouted).model_dump_json().encode()
-            for ua in list(self.agents.agents.values()):
-                if ua.lane is not None and ua.alive():
-                    ua.queues["control"].send([body])
+            with self.agents.lock:
+                lane_agents = [ua for ua in self.agents.agents.values() if ua.lane is not None and ua.alive()]
+            for ua in lane_agents:
+                ua.queues["control"].send([body])
         by_agent: dict[str, list[str]] = {}
         for tid, route in routes.items():
             by_agent.setdefault(route["k"], []).append(tid)
@@ -243,7 +263,6 @@ class Router:
             # the service has ended them CANCELLED; a result the agent may still send is not forwarded
             self._audit(ua, [TaskResult(task_id=tid, state="FAILED", events=[("CANCELLED", now)]) for tid in ids],
                         routes, outcome="CANCELLED")
-            self.r.hdel(ROUTES, *ids)
 
     # --- results out -------------------------------------------------------------------
     def ensure_forwarder(self, ua: UserAgent) -> None:
@@ -255,9 +274,12 @@ class Router:
         t.start()
 
     def _forward(self, ua: UserAgent) -> None:
+        """The forwarder of one user agent, while it runs (the endpoint's supervision and the
+        router start one for a running agent that has none): it ends once the agent has
+        stopped and its stream is empty, so stopped agents cost no reads."""
         results_queue = self.open_results_queue()
         stream = ua.queues["results"]
-        delay = 0.2
+        delay, poll = 0.2, AUDIT_POLL_S
         try:
             while not self._halt.is_set():
                 if self.agents.by_prefix(ua.key) is not ua:
@@ -266,8 +288,12 @@ class Router:
                     if ua.lane is not None:  # audit copies only: read in batches, off the tasks' way
                         messages = stream.receive(max_messages=500, wait_seconds=0)
                         if not messages:
-                            self._halt.wait(AUDIT_POLL_S)
+                            if self._stopped_and_drained(ua, stream):
+                                return
+                            self._halt.wait(poll)
+                            poll = min(AUDIT_POLL_IDLE_S, poll * 2)  # an idle agent's copies: read less often
                             continue
+                        poll = AUDIT_POLL_S
                     else:
                         messages = stream.receive(max_messages=50, wait_seconds=0.5)
                     delay = 0.2
@@ -277,6 +303,8 @@ class Router:
                     delay = min(5.0, delay * 2)
                     continue
                 if not messages:
+                    if self._stopped_and_drained(ua, stream):
+                        return
                     continue
                 copies = [m for m in messages if m.body.startswith(AUDIT_HEAD)]
                 if copies:
@@ -286,6 +314,12 @@ class Router:
                                           results_queue, stream)
         finally:
             results_queue.close()
+
+    @staticmethod
+    def _stopped_and_drained(ua: UserAgent, stream: TaskQueue) -> bool:
+        """The agent has stopped (not stopping: its last copies may still come) and left nothing
+        in its stream (read after it stopped, so nothing it wrote is missed)."""
+        return not ua.stopping and not ua.alive() and stream.depth() == 0
 
     def forward_messages(self, ua: UserAgent, messages: list, results_queue: TaskQueue, stream: TaskQueue) -> None:
         """Send what these result messages of `ua` may say to the service, audit, then delete them."""
@@ -322,62 +356,30 @@ class Router:
                 time.sleep(delay)
                 delay = min(10.0, delay * 2)
         self._audit(ua, finals, mine)
-        if finals:
-            self.r.hdel(ROUTES, *[r.task_id for r in finals])
         stream.delete([m.receipt for m in messages])
         self.forwarded_results += len(finals)
         ua.last_active = time.monotonic()
 
     def audit_copies(self, ua: UserAgent, messages: list, stream: TaskQueue) -> None:
-        """Write the audit lines a lane's user agent copied (multiuser/lane.py): one per task,
-        the first copy of a task that ran again after a kill, as the agent's account."""
-        copies = []
-        for m in messages:
-            try:
-                copies.extend(c for c in json.loads(m.body)["audit"] if isinstance(c, dict) and c.get("task_id"))
-            except (ValueError, KeyError, TypeError):
-                log.error("user agent %s sent an audit copy that does not parse; dropped", ua.key)
-        if copies:
-            pipe = self.r.pipeline(transaction=False)
-            for c in copies:
-                pipe.set(AUDITED + str(c["task_id"]), 1, nx=True, ex=AUDITED_TTL_S)
-            firsts = pipe.execute()
-            ids = sorted({str(c["identity_id"]) for c in copies if c.get("identity_id")})
-            claims = dict(zip(ids, self.r.hmget(IDENTITIES, ids))) if ids else {}
-            for c, first in zip(copies, firsts):
-                if not first:
-                    continue
-                raw = claims.get(str(c.get("identity_id")))
-                identity = json.loads(raw) if raw else {"id": c.get("identity_id")}
-                events = [e for e in c.get("events") or [] if isinstance(e, (list, tuple)) and len(e) == 2]
-                times = {state: ts for state, ts in events}
-                try:
-                    self.audit.record(identity=identity, account=ua.account.name, uid=ua.account.uid,
-                                      function_id=c.get("function_id"), function_name=c.get("function_name"),
-                                      task_id=str(c["task_id"]), start=times.get("RUNNING") or times.get("DISPATCHED"),
-                                      end=max((ts for _, ts in events), default=time.time()),
-                                      outcome=str(c.get("state")), reason=c.get("reason"))
-                except (ValueError, TypeError) as exc:  # what the agent copied does not make a record
-                    log.error("user agent %s sent an audit copy of task %s that is not valid (%s); dropped",
-                              ua.key, c.get("task_id"), exc)
-            self.forwarded_results += sum(1 for f in firsts if f)
+        """Judge the audit copies a lane's user agent sent (multiuser/audit_copies.py): those that
+        fit the routing record wait for the service's final state, the rest are disagreements;
+        then delete them from its stream."""
+        copies, bad = parse([m.body for m in messages])
+        if bad:
+            log.error("user agent %s sent %d audit message(s) that do not parse; dropped", ua.key, bad)
+        self.copies.take(ua, copies)  # their lines: once the service confirms (audit_confirm.py)
         stream.delete([m.receipt for m in messages])
         ua.last_active = time.monotonic()
 
     def _audit(self, ua: UserAgent, finals: list[TaskResult], routes: dict[str, dict],
                outcome: Optional[str] = None) -> None:
-        ids = sorted({routes[r.task_id]["i"] for r in finals})
-        claims = dict(zip(ids, self.r.hmget(IDENTITIES, ids))) if ids else {}
+        """Lines of tasks the router routed, from their routes (the agent's result gives the
+        outcome, times and reason; `outcome` overrides the state, as for a cancel)."""
+        lines = []
         for r in finals:
-            route = routes[r.task_id]
-            raw = claims.get(route["i"])
-            identity = json.loads(raw) if raw else {"id": route["i"]}
-            times = {state: ts for state, ts in r.events}
-            start = times.get("RUNNING") or times.get("DISPATCHED")
-            end = max((ts for _, ts in r.events), default=time.time())
-            self.audit.record(identity=identity, account=ua.account.name, uid=ua.account.uid,
-                              function_id=route["f"], function_name=route.get("n"), task_id=r.task_id,
-                              start=start, end=end, outcome=outcome or r.state, reason=r.reason)
+            start, end = times_of(r.events)
+            lines.append((r.task_id, routes[r.task_id], start, end, outcome or r.state, r.reason))
+        write_lines(self.r, self.audit, ua, lines)
 
     def fail_tasks(self, ua: UserAgent, reason: str) -> None:
         """End every task waiting in `ua`'s task stream or lane FAILED with `reason` (it cannot start)."""
@@ -418,7 +420,9 @@ class Router:
         self._halt.set()
         for t in list(self._forwarders.values()):
             t.join(5)
+        self.copies.confirmer.stop()
 
     def stats(self) -> dict[str, Any]:
         return {"routed": self.routed, "refused": self.refused, "forwarded_results": self.forwarded_results,
-                "dropped_results": self.dropped_results}
+                "dropped_results": self.dropped_results, "audit_copies_disagreeing": self.copies.disagreements,
+                "audit_lines_unconfirmed": self.copies.confirmer.unconfirmed}

@@ -7,8 +7,14 @@ previous run started still answers (the privileged process was killed hard: the 
 and their queues live on). The default user is off; the privileged process logs in as
 `skyfn-router`, whose password is in a 0600 file. Each user agent gets an ACL user of its
 own, allowed only the keys under its prefix (`mu:<account>:<digest>:`: its task, results
-and control streams) and no dangerous or administrative command, so a task of bob's that
-finds his agent's queue password still reads nothing of alice's (Redis answers NOPERM).
+and control streams, and the mark of what the router has seen of its lane) and exactly the
+commands its queue client sends (USER_COMMANDS), so a task of bob's that finds his agent's
+queue password still reads nothing of alice's and can neither run code in Redis nor remove
+anything that is not his (Redis answers NOPERM). The queue's multi-key steps are the Redis
+functions of skyfn.protocol.queues.redis_lib, loaded by the router (its admin login) when the
+server starts; an agent may call them (FCALL, which checks every command a function runs
+against the caller's rules), never load, replace or flush them: no EVAL, EVALSHA, SCRIPT or
+FUNCTION.
 
 ACL users are not kept in the append-only file: `ensure_user` is called again for every
 known user agent when the server was restarted (the router keeps their passwords, 0600).
@@ -26,16 +32,22 @@ import redis
 from endpoint_agent.data.redis_process import (end_recorded_redis, end_redis, free_port, is_redis, launch,
                                                   port_free, secret_file)
 from endpoint_agent.errors import ConfigError
+from skyfn.protocol.queues import redis_lib
 
 log = logging.getLogger("skyfn.multiuser.router")
 
 ADMIN = "skyfn-router"
 HOST = "127.0.0.1"
-# What a user agent's queue client may run: its RedisStreamQueue (streams, sorted sets, the
-# receive script) and connection housekeeping; never KEYS, SCAN, FLUSH*, CONFIG, ACL, DEBUG...
-USER_RULES = ("resetchannels", "-@all", "+@stream", "+@sortedset", "+@scripting", "+@connection", "+@transaction",
-              "+del", "+exists", "+type", "+time", "-@dangerous", "+ping", "+client|setname",
-              "+client|getname")
+# Exactly what a user agent's queue client sends (skyfn/protocol/queues/redis_streams.py and the
+# redis_lib functions, whose commands Redis checks against the caller's rules too; the same
+# table as the service's queue logins, lambdas/adapters/queue_logins.py), plus GET of its lane's
+# seen mark (multiuser/lane_routes.py). Everything else is refused: no EVAL, EVALSHA, SCRIPT,
+# FUNCTION, KEYS, SCAN, FLUSH*, CONFIG, ACL, DEBUG, CLIENT, DEL, XTRIM, XSETID, XGROUP other than
+# CREATE, pub/sub.
+USER_COMMANDS = ("ping", "multi", "exec", "discard", "time", "fcall", "xgroup|create", "xread", "xreadgroup",
+                 "xpending", "xclaim", "xrange", "xinfo|stream", "xack", "xdel", "xlen", "xadd", "zadd", "zrem",
+                 "zrangebyscore", "zrange", "zscore", "get")
+USER_RULES = ("resetchannels", "-@all", *(f"+{c}" for c in USER_COMMANDS))
 
 
 def prefix_of(account: str, digest: str) -> str:
@@ -63,6 +75,7 @@ class RouterRedis:
         record = self._record()
         if record and is_redis(record.get("pid")) and self._connect(record["port"]):
             self.pid = record["pid"]
+            redis_lib.load(self.client)  # today's version of the queue functions
             log.info("kept the router's redis-server of the previous run on %s:%d (pid %d)", HOST, self.port, self.pid)
             return self
         binary = shutil.which("redis-server")
@@ -80,6 +93,7 @@ class RouterRedis:
                       password=self.password, log_path=self.dir / "redis.log")
         self.pid = proc.pid
         self._connect(port)
+        redis_lib.load(self.client)  # the queue functions the agents call (they may not load them)
         self.record_path.write_text(json.dumps({"pid": proc.pid, "port": port}))
         log.info("started the router's redis-server on %s:%d (pid %d)", HOST, port, proc.pid)
         return self
@@ -117,6 +131,13 @@ class RouterRedis:
         assert self.client is not None
         self.client.execute_command("ACL", "DELUSER", username)
         # connections of the dropped user are closed by Redis itself
+
+    def drop_streams(self, prefix: str) -> None:
+        """Delete a forgotten user agent's keys: its task, results and control streams (with
+        their leases and dead letters) and its lane's seen mark."""
+        assert self.client is not None
+        self.client.delete(*(f"{prefix}{kind}{tail}" for kind in ("tasks", "results", "control")
+                             for tail in ("", ":leases", ":dlq")), f"{prefix}seen")
 
     def users(self) -> set[str]:
         assert self.client is not None

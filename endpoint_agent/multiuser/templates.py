@@ -44,6 +44,7 @@ import jsonschema
 import yaml
 from jinja2.sandbox import SandboxedEnvironment
 
+from endpoint_agent import yaml_text
 from endpoint_agent.errors import ConfigError
 from endpoint_agent.multiuser.errors import TaskRefused
 
@@ -222,11 +223,10 @@ class UserConfigTemplate:
         try:
             config = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" (rendered line {mark.line + 1})" if mark else ""
-            raise TemplateFailed(f"{self.source}: the rendered config is not valid YAML{where}: "
-                              f"{getattr(exc, 'problem', None) or exc}; values are written as quoted scalars, so "
-                              "write `key: {{ var }}`, not `key: \"{{ var }}\"`") from None
+            raise TemplateFailed(f"{self.source}: the rendered config is not valid YAML"
+                                 f"{yaml_text.where(exc, ' (rendered line {line})')}: {yaml_text.problem(exc)}; "
+                                 "values are written as quoted scalars, so write `key: {{ var }}`, not "
+                                 "`key: \"{{ var }}\"`") from None
         if not isinstance(config, dict):
             raise TemplateFailed(f"{self.source}: the rendered config must be a mapping of keys to values, got "
                               f"{type(config).__name__}")

@@ -30,7 +30,7 @@ from endpoint_agent.paths import EndpointPaths
 
 def lane_wrapper(lane: dict, lease_seconds: float):
     """The queue wrapper of a user agent with a lane (endpoint_agent/multiuser/lane.py)."""
-    from endpoint_agent.multiuser.lane import LaneControl, LaneResults, LaneTasks, Ledger
+    from endpoint_agent.multiuser.lane import LaneAcks, LaneControl, LaneResults, LaneTasks, Ledger, SeenMark
     from skyfn.protocol.api import QueueDescriptor
     from skyfn.protocol.queues import open_queue
 
@@ -41,8 +41,12 @@ def lane_wrapper(lane: dict, lease_seconds: float):
         return open_queue(audit_desc, consumer="user-agent", visibility_timeout=lease_seconds)
 
     def wrap(kind: str, queue):
+        seen = SeenMark(audit_desc.url, lane["seen_key"]) if lane.get("seen_key") and kind in ("tasks", "acks") \
+            else None
         if kind == "tasks":
-            return LaneTasks(queue, ledger)
+            return LaneTasks(queue, ledger, seen)
+        if kind == "acks":  # what the outbox deletes with: only what the endpoint has read
+            return LaneAcks(queue, seen)
         if kind == "results":
             return LaneResults(queue, lane=lane["lane"], mac_key=lane["mac_key"], endpoint_id=lane["endpoint_id"],
                                ledger=ledger, audit=audit_queue())

@@ -1,5 +1,6 @@
-"""What every provider shares: job states, the provider interface, scheduler command runs
-and batch-script rendering.
+"""What every provider shares: job states, the provider interface, scheduler command runs,
+and the batch-scheduler base (script rendering, submit, status bookkeeping, cancel) that
+Slurm and PBS fill in with their directives, commands and parsers.
 
 A provider gets nodes: `submit(command, nodes, walltime, job_name)` asks for `nodes` nodes
 for `walltime` seconds and runs the shell `command` (a launcher's output: it starts one
@@ -20,7 +21,7 @@ import tempfile
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Iterable, Mapping, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 log = logging.getLogger("skyfn.agent.providers")
 
@@ -77,9 +78,14 @@ def run_command(argv: list[str], *, timeout: float = DEFAULT_CMD_TIMEOUT_S, inpu
         raise ProviderError(f"`{cmdline}` did not answer within {timeout:g} s (scheduler overloaded or down?)",
                             command=argv, stderr=_text(exc.stderr)) from None
     if check and p.returncode != 0:
-        raise ProviderError(command_failed(argv, p.returncode, p.stderr, p.stdout), command=argv,
-                            returncode=p.returncode, stderr=p.stderr, stdout=p.stdout)
+        raise command_error(argv, p)
     return p
+
+
+def command_error(argv: list[str], p: subprocess.CompletedProcess) -> ProviderError:
+    """The ProviderError of a scheduler command that exited with an error."""
+    return ProviderError(command_failed(argv, p.returncode, p.stderr, p.stdout), command=argv,
+                         returncode=p.returncode, stderr=p.stderr, stdout=p.stdout)
 
 
 def command_failed(argv: list[str], returncode: int, stderr: str, stdout: str = "") -> str:
@@ -134,6 +140,11 @@ _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 
 def safe_job_name(name: str, limit: int = 64) -> str:
     return (_SAFE_NAME.sub("-", name) or "skyfn")[:limit]
+
+
+def optional_directives(*given: tuple[str, object]) -> list[str]:
+    """The directives of the options that are set, in order: (template with `{}` for the value, value)."""
+    return [template.format(value) for template, value in given if value]
 
 
 class Provider(ABC):
@@ -203,6 +214,43 @@ class BatchProvider(Provider):
     def run(self, argv: list[str], *, check: bool = True, input: Optional[str] = None) -> subprocess.CompletedProcess:
         return run_command(argv, timeout=self.cmd_timeout, env=self.env, check=check, input=input)
 
+    # --- submit: the scheduler's submit command and the job id it prints ------------------
+    #: the submit command line before the script's path (`sbatch --parsable`, `qsub`)
+    submit_command: tuple[str, ...] = ()
+    #: what a job id of this scheduler looks like, in full
+    job_id_pattern: re.Pattern = re.compile(r"\S+")
+
+    def job_id_of(self, last_line: str) -> str:
+        """The job id in the last line the submit command printed (warnings may precede it)."""
+        return last_line
+
+    def submit(self, command: str, nodes: int, walltime: float, job_name: str) -> str:
+        script = self.write_script(command, nodes, walltime, job_name)
+        argv = [*self.submit_command, str(script)]
+        p = self.run(argv)
+        lines = [ln.strip() for ln in p.stdout.splitlines() if ln.strip()]
+        job_id = self.job_id_of(lines[-1]) if lines else ""
+        if not self.job_id_pattern.fullmatch(job_id):
+            raise ProviderError(f"`{shlex.join(argv)}` printed no job id: stdout {p.stdout.strip()!r}, "
+                                f"stderr {p.stderr.strip()!r}", command=argv, returncode=p.returncode,
+                                stderr=p.stderr, stdout=p.stdout)
+        self.last_known[job_id] = JobState.PENDING
+        return job_id
+
+    # --- status: what the scheduler says, else what we know -----------------------------
+    def settle(self, ids: list[str], said: Callable[[str], Optional[JobState]]) -> dict[str, JobState]:
+        """Each id's state: what the scheduler `said` of it (None: it no longer knows the
+        job), else what we know (_gone); remembered for when the scheduler forgets it."""
+        out: dict[str, JobState] = {}
+        for jid in ids:
+            state = said(jid)
+            if state is None:
+                state = self._gone(jid)
+            out[jid] = state
+            if state is not JobState.UNKNOWN:
+                self.last_known[jid] = state
+        return out
+
     # The scheduler's cancel command, and its stderr phrases meaning "that job already ended".
     cancel_command: str = ""
     already_done: tuple[str, ...] = ()
@@ -231,8 +279,7 @@ class BatchProvider(Provider):
             result[j] = all(any(a in ln for a in self.already_done) for ln in lines)
         if not mentioned:
             self.cancelled.difference_update(ids)
-            raise ProviderError(command_failed(argv, p.returncode, p.stderr, p.stdout), command=argv,
-                                returncode=p.returncode, stderr=p.stderr, stdout=p.stdout)
+            raise command_error(argv, p)
         for j, ok in result.items():
             if not ok:
                 self.cancelled.discard(j)

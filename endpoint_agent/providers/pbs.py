@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterable, Literal, Mapping, Optional
+from typing import Any, Iterable, Literal, Optional
 
 from endpoint_agent.providers.base import (
-    BatchProvider, JobState, ProviderError, command_failed, format_walltime, safe_job_name,
+    BatchProvider, JobState, ProviderError, command_error, format_walltime, optional_directives, safe_job_name,
 )
 
 PBS_STATES: dict[str, JobState] = {
@@ -85,11 +85,8 @@ class PBSProvider(BatchProvider):
 
     def __init__(self, *, queue: Optional[str] = None, account: Optional[str] = None,
                  cpus_per_node: Optional[int] = None, select_options: str = "", place: Optional[str] = "scatter",
-                 status_format: Literal["auto", "json", "plain"] = "auto",
-                 script_dir=None, worker_init: str = "", scheduler_options: str = "",
-                 cmd_timeout: float = 30.0, env: Optional[Mapping[str, str]] = None):
-        super().__init__(script_dir=script_dir, worker_init=worker_init, scheduler_options=scheduler_options,
-                         cmd_timeout=cmd_timeout, env=env)
+                 status_format: Literal["auto", "json", "plain"] = "auto", **batch):
+        super().__init__(**batch)  # BatchProvider's: script_dir, worker_init, scheduler_options, cmd_timeout, env
         self.queue = queue
         self.account = account
         self.cpus_per_node = cpus_per_node
@@ -112,26 +109,12 @@ class PBSProvider(BatchProvider):
              f"#PBS -l walltime={format_walltime(walltime)}",
              f"#PBS -o {out_base}.out",
              f"#PBS -e {out_base}.err"]
-        if self.place:
-            d.append(f"#PBS -l place={self.place}")
-        if self.queue:
-            d.append(f"#PBS -q {self.queue}")
-        if self.account:
-            d.append(f"#PBS -A {self.account}")
-        return d
+        return d + optional_directives(("#PBS -l place={}", self.place),
+                                       ("#PBS -q {}", self.queue),
+                                       ("#PBS -A {}", self.account))
 
-    def submit(self, command: str, nodes: int, walltime: float, job_name: str) -> str:
-        script = self.write_script(command, nodes, walltime, job_name)
-        argv = ["qsub", str(script)]
-        p = self.run(argv)
-        lines = [ln.strip() for ln in p.stdout.splitlines() if ln.strip()]
-        job_id = lines[-1] if lines else ""
-        if not re.fullmatch(r"\d+(\[\d*\])?(\.[\w.-]+)?", job_id):
-            raise ProviderError(f"`qsub {script}` printed no job id: stdout {p.stdout.strip()!r}, "
-                                f"stderr {p.stderr.strip()!r}", command=argv, returncode=p.returncode,
-                                stderr=p.stderr, stdout=p.stdout)
-        self.last_known[job_id] = JobState.PENDING
-        return job_id
+    submit_command = ("qsub",)
+    job_id_pattern = re.compile(r"\d+(\[\d*\])?(\.[\w.-]+)?")
 
     def status(self, job_ids: Iterable[str]) -> dict[str, JobState]:
         ids = [str(j) for j in job_ids]
@@ -142,17 +125,14 @@ class PBSProvider(BatchProvider):
             seen = self._status_json(ids)
         if seen is None:
             seen = self._status_plain(ids)
-        out: dict[str, JobState] = {}
-        for jid in ids:
+
+        def said(jid: str) -> Optional[JobState]:
             state = next((s for printed, s in seen.items() if _same_job(jid, printed)), None)
             if state is not None and state.terminal and jid in self.cancelled:
-                state = JobState.CANCELLED
-            if state is None:
-                state = self._gone(jid)
-            out[jid] = state
-            if state is not JobState.UNKNOWN:
-                self.last_known[jid] = state
-        return out
+                return JobState.CANCELLED
+            return state
+
+        return self.settle(ids, said)
 
     def _status_json(self, ids: list[str]) -> Optional[dict[str, JobState]]:
         """None when this qstat has no JSON output (auto mode then uses the plain table)."""
@@ -174,15 +154,13 @@ class PBSProvider(BatchProvider):
         if self.status_format == "auto" and ("invalid option" in err or "usage" in err or "illegal" in err):
             self.status_format = "plain"  # this qstat has no -F json / -x: remember it
             return None
-        raise ProviderError(command_failed(argv, p.returncode, p.stderr, p.stdout), command=argv,
-                            returncode=p.returncode, stderr=p.stderr, stdout=p.stdout)
+        raise command_error(argv, p)
 
     def _status_plain(self, ids: list[str]) -> dict[str, JobState]:
         argv = ["qstat", *ids]
         p = self.run(argv, check=False)
         if p.returncode != 0 and not p.stdout.strip() and not any(g in p.stderr.lower() for g in _GONE):
-            raise ProviderError(command_failed(argv, p.returncode, p.stderr, p.stdout), command=argv,
-                                returncode=p.returncode, stderr=p.stderr, stdout=p.stdout)
+            raise command_error(argv, p)
         return parse_qstat_plain(p.stdout)
 
     cancel_command = "qdel"

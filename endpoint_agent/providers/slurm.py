@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Iterable, Mapping, Optional
+from typing import Iterable, Optional
 
 from endpoint_agent.providers.base import (
-    BatchProvider, JobState, ProviderError, command_failed, format_walltime, safe_job_name,
+    BatchProvider, JobState, command_error, format_walltime, optional_directives, safe_job_name,
 )
 
 # squeue's compact codes (%t) and the full names (scontrol JobState=, squeue %T)
@@ -74,11 +74,8 @@ class SlurmProvider(BatchProvider):
 
     def __init__(self, *, partition: Optional[str] = None, account: Optional[str] = None,
                  qos: Optional[str] = None, constraint: Optional[str] = None, exclusive: bool = True,
-                 cores_per_node: Optional[int] = None, mem_per_node: Optional[str] = None,
-                 script_dir=None, worker_init: str = "", scheduler_options: str = "",
-                 cmd_timeout: float = 30.0, env: Optional[Mapping[str, str]] = None):
-        super().__init__(script_dir=script_dir, worker_init=worker_init, scheduler_options=scheduler_options,
-                         cmd_timeout=cmd_timeout, env=env)
+                 cores_per_node: Optional[int] = None, mem_per_node: Optional[str] = None, **batch):
+        super().__init__(**batch)  # BatchProvider's: script_dir, worker_init, scheduler_options, cmd_timeout, env
         self.partition = partition
         self.account = account
         self.qos = qos
@@ -94,34 +91,22 @@ class SlurmProvider(BatchProvider):
              f"#SBATCH --time={format_walltime(walltime)}",
              f"#SBATCH --output={out_base}.out",
              f"#SBATCH --error={out_base}.err"]
-        if self.partition:
-            d.append(f"#SBATCH --partition={self.partition}")
-        if self.account:
-            d.append(f"#SBATCH --account={self.account}")
-        if self.qos:
-            d.append(f"#SBATCH --qos={self.qos}")
-        if self.constraint:
-            d.append(f"#SBATCH --constraint={self.constraint}")
-        if self.cores_per_node:
-            d.append(f"#SBATCH --cpus-per-task={self.cores_per_node}")
-        if self.mem_per_node:
-            d.append(f"#SBATCH --mem={self.mem_per_node}")
+        d += optional_directives(("#SBATCH --partition={}", self.partition),
+                                 ("#SBATCH --account={}", self.account),
+                                 ("#SBATCH --qos={}", self.qos),
+                                 ("#SBATCH --constraint={}", self.constraint),
+                                 ("#SBATCH --cpus-per-task={}", self.cores_per_node),
+                                 ("#SBATCH --mem={}", self.mem_per_node))
         if self.exclusive:
             d.append("#SBATCH --exclusive")
         return d
 
-    def submit(self, command: str, nodes: int, walltime: float, job_name: str) -> str:
-        script = self.write_script(command, nodes, walltime, job_name)
-        p = self.run(["sbatch", "--parsable", str(script)])
-        # --parsable prints "jobid" or "jobid;cluster"; warnings may precede it
-        lines = [ln.strip() for ln in p.stdout.splitlines() if ln.strip()]
-        job_id = lines[-1].split(";")[0] if lines else ""
-        if not re.fullmatch(r"\d+(_\d+)?", job_id):
-            raise ProviderError(f"`sbatch --parsable {script}` printed no job id: stdout {p.stdout.strip()!r}, "
-                                f"stderr {p.stderr.strip()!r}", command=["sbatch", "--parsable", str(script)],
-                                returncode=p.returncode, stderr=p.stderr, stdout=p.stdout)
-        self.last_known[job_id] = JobState.PENDING
-        return job_id
+    # --parsable prints "jobid" or "jobid;cluster"
+    submit_command = ("sbatch", "--parsable")
+    job_id_pattern = re.compile(r"\d+(_\d+)?")
+
+    def job_id_of(self, last_line: str) -> str:
+        return last_line.split(";")[0]
 
     def status(self, job_ids: Iterable[str]) -> dict[str, JobState]:
         ids = [str(j) for j in job_ids]
@@ -130,20 +115,9 @@ class SlurmProvider(BatchProvider):
         argv = ["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i %t"]
         p = self.run(argv, check=False)
         if p.returncode != 0 and not any(g in p.stderr.lower() for g in _GONE):
-            raise ProviderError(command_failed(argv, p.returncode, p.stderr, p.stdout), command=argv,
-                                returncode=p.returncode, stderr=p.stderr, stdout=p.stdout)
+            raise command_error(argv, p)
         seen = parse_squeue(p.stdout) if p.returncode == 0 else {}
-        out: dict[str, JobState] = {}
-        for jid in ids:
-            state = seen.get(jid)
-            if state is None:
-                state = self._scontrol_state(jid)
-            if state is None:
-                state = self._gone(jid)
-            out[jid] = state
-            if state is not JobState.UNKNOWN:
-                self.last_known[jid] = state
-        return out
+        return self.settle(ids, lambda jid: seen[jid] if jid in seen else self._scontrol_state(jid))
 
     def _scontrol_state(self, job_id: str) -> Optional[JobState]:
         """The fallback for a job squeue no longer lists: None when Slurm forgot it."""
@@ -152,8 +126,7 @@ class SlurmProvider(BatchProvider):
         if p.returncode != 0:
             if any(g in p.stderr.lower() for g in _GONE):
                 return None
-            raise ProviderError(command_failed(argv, p.returncode, p.stderr, p.stdout), command=argv,
-                                returncode=p.returncode, stderr=p.stderr, stdout=p.stdout)
+            raise command_error(argv, p)
         return parse_scontrol_state(p.stdout)
 
     cancel_command = "scancel"

@@ -7,14 +7,23 @@ import logging
 from typing import Optional
 
 from skyfn.protocol import blobs
+from skyfn.protocol.limits import MAX_INLINE_RESULT_BYTES
 
 log = logging.getLogger("skyfn.agent.blobs")
 
 
 def offload(form: Optional[dict], task_id: str, result: str) -> tuple[bool, str]:
     """(True, reference) once stored; (False, reason) if it cannot be.
-    Small results, or no form (a deployment without a bucket): (True, result) unchanged."""
-    if len(result) <= blobs.INLINE_BYTES or not form:
+    Small results, or no form (a deployment without a bucket): (True, result) unchanged,
+    up to the service's cap on inline results (MAX_INLINE_RESULT_BYTES) -- above it, without
+    a form, (False, reason naming the cap), as the service would refuse it."""
+    if len(result) <= blobs.INLINE_BYTES:
+        return True, result
+    if not form:
+        if len(result) > MAX_INLINE_RESULT_BYTES:
+            return False, (f"the result is {len(result)} bytes, above the cap of {MAX_INLINE_RESULT_BYTES} bytes on "
+                           "inline results (MAX_INLINE_RESULT_BYTES), and this deployment has no bucket for large "
+                           "results (SKYFN_BUCKET)")
         return True, result
     key = f"{form['prefix']}{task_id}"
     try:

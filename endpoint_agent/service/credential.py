@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from skyfn.private_file import write_private
 from skyfn.protocol.credentials import parse, with_secret
 
 ENV = "SKYFN_ENDPOINT_CREDENTIAL"
@@ -31,11 +32,7 @@ def load(path: Path) -> Optional[str]:
 
 def save(path: Path, credential: str) -> None:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(credential + "\n")
-    os.replace(tmp, path)
+    write_private(path, credential + "\n")
 
 
 def forget(path: Path) -> None:

@@ -19,14 +19,20 @@ from typing import Any, Callable
 
 import requests
 
-from skyfn.protocol.api import EndpointRegistered, Heartbeat, RegisterEndpoint
+from skyfn.protocol.api import EndpointRegistered, Heartbeat, ListenTicket, RegisterEndpoint
 from skyfn.protocol.lanes import BindLane, LaneGranted
+from skyfn.protocol.task_states import TaskStates, TaskStatesRequest
 
 log = logging.getLogger("skyfn.agent.link")
 
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
 REQUEST_TIMEOUT_S = 10.0
+# A registration issues a new endpoint credential and revokes the one before: a retry after a
+# read timeout whose first try still completes later leaves the agent with a revoked
+# credential. So its answer is waited for longer than other calls' (a busy service, a fleet
+# of agents registering at once; issue 39).
+REGISTER_TIMEOUT_S = 60.0
 
 
 class ServiceError(Exception):
@@ -46,18 +52,19 @@ class ServiceLink:
         self.session.headers.update({"Authorization": f"Bearer {token}", "Content-Type": "application/json",
                                      "User-Agent": "skyfn-endpoint"})
 
-    def _post(self, path: str, body: str) -> dict[str, Any]:
-        return self._call("POST", path, body)
+    def _post(self, path: str, body: str, timeout: float | None = None) -> dict[str, Any]:
+        return self._call("POST", path, body, timeout)
 
-    def _call(self, method: str, path: str, body: str | None) -> dict[str, Any]:
-        resp = self.session.request(method, self.url + path, data=body, timeout=self.timeout)
+    def _call(self, method: str, path: str, body: str | None, timeout: float | None = None) -> dict[str, Any]:
+        timeout = timeout or self.timeout
+        resp = self.session.request(method, self.url + path, data=body, timeout=timeout)
         if resp.status_code == 401 and self.token_source is not None:
             # the credential was rotated: its owner may have handed the agent the new one
             fresh = self.token_source()
             if fresh and f"Bearer {fresh}" != self.session.headers.get("Authorization"):
                 log.info("the service refused the endpoint credential; using the one now kept for it")
                 self.use_token(fresh)
-                resp = self.session.request(method, self.url + path, data=body, timeout=self.timeout)
+                resp = self.session.request(method, self.url + path, data=body, timeout=timeout)
         if 400 <= resp.status_code < 500:
             try:
                 err = resp.json()
@@ -80,19 +87,8 @@ class ServiceLink:
         """Register (idempotent on the service side: same name, same endpoint), retrying
         while the service is unreachable or answers 5xx, until `stop` is set."""
         body = RegisterEndpoint(name=name, metadata=metadata, allowed_functions=allowed).model_dump_json()
-        delay = BACKOFF_START_S
-        while True:
-            try:
-                return EndpointRegistered.model_validate(self._post("/endpoints", body))
-            except ServiceError:
-                raise
-            except (requests.RequestException, ValueError) as exc:
-                log.warning("registration with %s failed (%s); retrying in %.1f s", self.url, exc, delay)
-            if stop is not None and stop.wait(delay):
-                raise InterruptedError("stopped while registering")
-            if stop is None:
-                time.sleep(delay)
-            delay = min(BACKOFF_MAX_S, delay * 2)
+        return self._post_until_answered("/endpoints", body, stop, "registration with", "registering",
+                                         timeout=max(self.timeout, REGISTER_TIMEOUT_S))
 
     def use_token(self, token: str) -> None:
         """Speak with another credential from now on (the endpoint's own, once issued)."""
@@ -101,16 +97,22 @@ class ServiceLink:
     def connect(self, endpoint_id: str, stop: threading.Event | None = None) -> EndpointRegistered:
         """With the endpoint's credential: learn the queues (POST /endpoints/{id}/connect),
         retrying while the service is unreachable; a refusal raises ServiceError."""
+        return self._post_until_answered(f"/endpoints/{endpoint_id}/connect", "{}", stop, "connecting to", "connecting")
+
+    def _post_until_answered(self, path: str, body: str, stop: threading.Event | None, failed: str,
+                             doing: str, timeout: float | None = None) -> EndpointRegistered:
+        """POST until the service answers, backing off while it is unreachable or answers 5xx;
+        a refusal (ServiceError) raises at once, and so does `stop` being set (InterruptedError)."""
         delay = BACKOFF_START_S
         while True:
             try:
-                return EndpointRegistered.model_validate(self._post(f"/endpoints/{endpoint_id}/connect", "{}"))
+                return EndpointRegistered.model_validate(self._post(path, body, timeout))
             except ServiceError:
                 raise
             except (requests.RequestException, ValueError) as exc:
-                log.warning("connecting to %s failed (%s); retrying in %.1f s", self.url, exc, delay)
+                log.warning("%s %s failed (%s); retrying in %.1f s", failed, self.url, exc, delay)
             if stop is not None and stop.wait(delay):
-                raise InterruptedError("stopped while connecting")
+                raise InterruptedError(f"stopped while {doing}")
             if stop is None:
                 time.sleep(delay)
             delay = min(BACKOFF_MAX_S, delay * 2)
@@ -143,6 +145,17 @@ class ServiceLink:
         except ServiceError as exc:
             if exc.status != 404:
                 raise
+
+    def direct_listen(self, endpoint_id: str) -> ListenTicket:
+        """Where and under which name to LISTEN for direct sessions at the rendezvous server
+        (skyfn.protocol.direct_path); ServiceError 404 where the deployment runs none."""
+        return ListenTicket.model_validate(self._post(f"/endpoints/{endpoint_id}/direct/listen", "{}"))
+
+    def task_states(self, endpoint_id: str, task_ids: list[str]) -> TaskStates:
+        """The service's states of these tasks of the endpoint (skyfn.protocol.task_states): at
+        most MAX_TASK_STATES ids; a task not dispatched to this endpoint is UNKNOWN."""
+        body = TaskStatesRequest(task_ids=task_ids).model_dump_json()
+        return TaskStates.model_validate(self._post(f"/endpoints/{endpoint_id}/task-states", body))
 
     def close(self) -> None:
         self.session.close()

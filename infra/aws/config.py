@@ -84,9 +84,11 @@ AVAILABILITY_ZONES = 2
 # EventBridge allows at most 5 targets per rule: the history rule has one per drainer.
 EVENTBRIDGE_MAX_TARGETS = 5
 
-# Results-queue event source: packs per invocation and how long to gather them.
+# Results-queue event source: packs per invocation, and no batching window (issue 37): a
+# window holds every result pack up to that long; without one Lambda's poller invokes with
+# what one long-poll receive returns, so packs that arrive together still go together.
 RESULTS_BATCH_SIZE = 10
-RESULTS_BATCH_WINDOW_S = 1
+RESULTS_BATCH_WINDOW_S = 0
 RESULTS_MAX_CONCURRENCY = 50
 
 AUTH_PROVIDERS = ("cognito", "globus")

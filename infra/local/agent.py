@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from infra.local.lambda_pool import REPO_ROOT, child_env
+from infra.local.standins.lambda_pool import REPO_ROOT, child_env
 from infra.local.processes import recorded_process, terminate
 
 LOCAL_DIRECT = """
@@ -91,6 +91,36 @@ def start(name: str, home: Path) -> None:
     if result.returncode != 0:
         raise RuntimeError(f"`skyfn-endpoint start {name}` failed: {_last_line(result)} "
                            f"(log: {Path(home) / 'endpoints' / name / 'agent.log'})")
+
+
+def spawn(name: str, home: Path) -> subprocess.Popen:
+    """`skyfn-endpoint start NAME --foreground` in a session of its own, its output appended
+    to the endpoint's agent.log: what `skyfn-endpoint start NAME` runs, without that
+    command's own process, which only waits for the agent to hold its pid file (`skyfn local
+    up` waits for the endpoint to come online instead: a Python start fewer on its critical
+    path). With the AWS settings of the runtime in `home` (aws_env)."""
+    import time
+
+    from endpoint_agent.paths import EndpointPaths
+    from infra.local.state import StateDir
+
+    ensure_direct(name, home)
+    log_path = EndpointPaths(name, Path(home) / "endpoints").log
+    env = child_env({"SKYFN_HOME": str(home), **aws_env(StateDir.at(home).read_runtime())})
+    with open(log_path, "ab") as log:
+        log.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting endpoint {name}\n".encode())
+        log.flush()
+        return subprocess.Popen(endpoint_command() + ["start", name, "--foreground"], stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=log, cwd=str(REPO_ROOT), env=env, start_new_session=True)
+
+
+def log_tail(name: str, home: Path, lines: int = 5) -> str:
+    """The last lines of the endpoint's agent.log, joined with " | "."""
+    try:
+        text = (Path(home) / "endpoints" / name / "agent.log").read_text(errors="replace")
+    except OSError:
+        return ""
+    return " | ".join(text.strip().splitlines()[-lines:])
 
 
 def stop(name: str, home: Path, timeout: float = 15.0) -> bool:

@@ -36,15 +36,19 @@ def local_up(
                                         "templates describe it (handlers, environments, resources, IAM enforced)"),
     cdk_out: Optional[str] = typer.Option(None, "--cdk-out", help="the cloud assembly for --from-templates "
                                           "(default: $SKYFN_CDK_OUT, else ./cdk.out of the checkout)"),
+    timings: bool = typer.Option(False, "--timings", help="print how long each start-up step took (ms; also in "
+                                 "the runtime's log and runtime.json)"),
     home: Optional[str] = HOME_OPTION,
 ) -> None:
     """Start redis-server, moto, the service and the endpoint 'local'; write the client config."""
     def action():
         require("local", "skyfn local up")
         from infra.local import runtime
+        from infra.local.startup import process_start_ms
 
         runtime.up(home, detach=detach, port=port, aws_endpoint=aws_endpoint, endpoint=not no_endpoint,
-                   from_templates=from_templates or cdk_out is not None, cdk_out=cdk_out, echo=typer.echo)
+                   from_templates=from_templates or cdk_out is not None, cdk_out=cdk_out, echo=typer.echo,
+                   timings=timings, started_ms=process_start_ms())
     run_action(action)
 
 

@@ -14,6 +14,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from infra import hot_store
 
@@ -54,16 +55,25 @@ def redis_server_binary() -> str:
 
 @dataclass
 class ServerProcess:
+    """A server we started. Started with `wait=False`, it may not listen yet: `wait_ready()`
+    returns once it does (at once the second time)."""
     name: str
     proc: subprocess.Popen
     port: int
     url: str
     workdir: Path
     extra: dict = field(default_factory=dict)
+    ready: Callable[[], None] | None = field(default=None, repr=False)
 
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def wait_ready(self) -> "ServerProcess":
+        if self.ready is not None:
+            ready, self.ready = self.ready, None
+            ready()
+        return self
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -106,7 +116,7 @@ AOF_REWRITE_PERCENTAGE = 300  # growth of the append-only file over its last sna
 
 
 def start_redis(workdir: Path, port: int | None = None, appendonly: bool = True, detach: bool = False,
-                secure: bool = False, maxmemory: str | None = None) -> ServerProcess:
+                secure: bool = False, maxmemory: str | None = None, wait: bool = True) -> ServerProcess:
     """A redis-server on loopback with an append-only file fsynced every second; `maxmemory`
     (see redis_maxmemory) bounds its memory, None leaves it unbounded. Snapshots (the AOF's
     rewrites) are neither compressed nor checksummed: a rewrite's child takes ~0.5 s of CPU
@@ -124,7 +134,9 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = True,
     `secure` (the embedded runtime): the default user needs a password (created once in
     `workdir/redis.password`, 0600) and users live in the ACL file `workdir/users.acl`,
     where the service saves the endpoint agents' users, so they survive restarts. A
-    directory that has an ACL file is always started this way; the URL carries the password."""
+    directory that has an ACL file is always started this way; the URL carries the password.
+
+    `wait` (default): return once it listens; else at once (see ServerProcess.wait_ready)."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
@@ -146,8 +158,9 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = True,
         login = f"default:{password}@"
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=detach)
-    wait_for_port(port, proc=proc)
-    return ServerProcess("redis", proc, port, f"redis://{login}127.0.0.1:{port}/0", workdir)
+    server = ServerProcess("redis", proc, port, f"redis://{login}127.0.0.1:{port}/0", workdir,
+                           ready=lambda: wait_for_port(port, proc=proc))
+    return server.wait_ready() if wait else server
 
 
 def _redis_password(workdir: Path) -> str:
@@ -169,24 +182,51 @@ def _redis_password(workdir: Path) -> str:
 
 
 MOTO_CONFIG = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
+MOTO_DEFAULT_ACCOUNT = "123456789012"  # moto.core.models.DEFAULT_ACCOUNT_ID (tests/infra/test_startup.py)
+
+
+def moto_account(env: dict | None = None) -> str:
+    """The account a moto started with environment `env` (default: ours) serves callers
+    whose keys IAM did not issue (the service's dummy keys): MOTO_ACCOUNT_ID, else moto's
+    default. The service names its state machines' ARNs from it before deploying them."""
+    return (env if env is not None else os.environ).get("MOTO_ACCOUNT_ID") or MOTO_DEFAULT_ACCOUNT
 
 # The embedded runtime's moto stands in for managed services (DynamoDB above all, where
 # the history archive writes every finished task) that on AWS use none of the task path's
-# CPU. Lowered like the history schedule's environment (infra/local/scheduler.py), it
+# CPU. Lowered like the history schedule's environment (infra/local/standins/scheduler.py), it
 # yields a busy machine's cores to the task path and catches up when the burst ends; an
-# idle machine gives it everything, as before.
+# idle machine gives it everything, as before. `skyfn local up` lowers it once the runtime
+# is up (lower_priority): during the start moto is on the critical path (tables, state
+# machines, the agent's registration), and lowered it waited behind every process starting.
 AWS_STAND_IN_NICE = 10
 
 
+def lower_priority(pid: int, nice: int) -> None:
+    """Add `nice` to the niceness of every thread of process `pid` (on Linux niceness is per
+    thread: threads started later inherit their creator's). Only ever lowers priority, which
+    needs no privilege."""
+    import psutil
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        tids = [t.id for t in psutil.Process(pid).threads()]
+    except psutil.Error:
+        return
+    for tid in tids:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, max(base + nice, os.getpriority(os.PRIO_PROCESS, tid)))
+        except (ProcessLookupError, PermissionError):
+            pass  # a thread that ended meanwhile
+
+
 def start_moto(workdir: Path, port: int | None = None, detach: bool = False, nice: int = 0,
-               env: dict | None = None) -> ServerProcess:
+               env: dict | None = None, wait: bool = True) -> ServerProcess:
     """moto in server mode (DynamoDB, SQS, S3, Step Functions executing state machines),
-    started through infra.local.sfn.moto_bridge so that Lambda Task states run our step
+    started through infra.local.standins.sfn.moto_bridge so that Lambda Task states run our step
     handlers' real code (moto alone runs no Lambda code without Docker). `nice` is added
     to its niceness (before it starts its threads, which inherit it); `env` is added to its
-    environment."""
-    import requests
-
+    environment. `wait` (default): return once it listens and is configured (MOTO_CONFIG);
+    else at once (see ServerProcess.wait_ready)."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
@@ -194,16 +234,22 @@ def start_moto(workdir: Path, port: int | None = None, detach: bool = False, nic
     repo = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, MOTO_CALL_RESET_API="false", MOTO_PORT=str(port), **(env or {}))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.Popen([sys.executable, "-m", "infra.local.sfn.moto_bridge", "-H", "127.0.0.1", "-p", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "infra.local.standins.sfn.moto_bridge", "-H", "127.0.0.1", "-p", str(port)],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, cwd=repo,
                             start_new_session=detach)
     log.close()
     if nice:
         os.setpriority(os.PRIO_PROCESS, proc.pid, os.getpriority(os.PRIO_PROCESS, 0) + nice)
-    wait_for_port(port, timeout=30, proc=proc)
     url = f"http://127.0.0.1:{port}"
-    requests.post(f"{url}/moto-api/config", json=MOTO_CONFIG, timeout=10).raise_for_status()
-    return ServerProcess("moto", proc, port, url, workdir)
+
+    def ready() -> None:
+        import requests
+
+        wait_for_port(port, timeout=30, proc=proc)
+        requests.post(f"{url}/moto-api/config", json=MOTO_CONFIG, timeout=10).raise_for_status()
+
+    server = ServerProcess("moto", proc, port, url, workdir, ready=ready)
+    return server.wait_ready() if wait else server
 
 
 # -- processes recorded by pid (detached ones that outlive the process that started them) --
@@ -242,6 +288,7 @@ def recorded_process(path: Path):
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
+            _wait_gone(proc, 5.0)  # its sockets close with its last thread (threads_exited)
             return None
         if started and abs(proc.create_time() - started) > 1.0:
             return None
@@ -250,13 +297,33 @@ def recorded_process(path: Path):
         return None
 
 
+def threads_exited(pid: int) -> bool:
+    """Every thread of `pid` has exited (Linux; elsewhere: True). A killed process's main
+    thread shows as a zombie while its other threads are still exiting, and they hold its
+    descriptors, listening sockets included, until the last is gone: a server restarted on
+    the same port as soon as the zombie shows could find the old socket still accepting."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True
+    for tid in tids:
+        try:
+            state = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if state not in ("Z", "X"):
+            return False
+    return True
+
+
 def _gone(proc) -> bool:
-    """Exited: no such process, or a zombie (an init that reaps slowly keeps exited
-    orphans around as zombies for seconds). Our own children are reaped here."""
+    """Exited: no such process, or a zombie whose threads have all exited (an init that
+    reaps slowly keeps exited orphans around as zombies for seconds). Our own children are
+    reaped here."""
     import psutil
 
     try:
-        if proc.status() != psutil.STATUS_ZOMBIE:
+        if proc.status() != psutil.STATUS_ZOMBIE or not threads_exited(proc.pid):
             return False
     except psutil.NoSuchProcess:
         return True

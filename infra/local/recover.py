@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from infra.local import agent
-from infra.local.lambda_pool import REPO_ROOT, child_env
+from infra.local.standins.lambda_pool import REPO_ROOT, child_env
 from infra.local.processes import recorded_process, start_redis, wait_for_port, write_pidfile
 from infra.local.state import StateDir
 

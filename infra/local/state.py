@@ -19,6 +19,8 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from skyfn.private_file import write_private
+
 PROCESS_NAMES = ("redis", "moto", "service")
 
 
@@ -26,17 +28,6 @@ def skyfn_home(home: str | os.PathLike | None = None) -> Path:
     if home is not None:
         return Path(home).expanduser()
     return Path(os.environ.get("SKYFN_HOME") or "~/.skyfn").expanduser()
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write `text` to `path` atomically, readable by the owner only."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
 
 
 @dataclass(frozen=True)

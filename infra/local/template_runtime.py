@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from infra.local.lambda_pool import REPO_ROOT
-from infra.local.state import StateDir, write_private
+from infra.local.standins.lambda_pool import REPO_ROOT
+from infra.local.state import StateDir
+from skyfn.private_file import write_private
 
 CDK_OUT_ENV = "SKYFN_CDK_OUT"
 REGION = "us-east-1"
@@ -132,7 +133,7 @@ def lambda_env(name: str, handler: str, memory: int, region: str, aws_url: str) 
 
 
 def access_log(state: StateDir) -> Path:
-    """moto's record of every request IAM checked (infra.local.iam.report reads it)."""
+    """moto's record of every request IAM checked (infra.local.standins.iam.report reads it)."""
     return state.workdir("templates") / "iam-access.jsonl"
 
 
@@ -163,7 +164,7 @@ def prepare(state: StateDir, cdk_out: Path, local: LocalSide, echo: Callable[[st
     deployer's keys (the runtime's own calls once IAM is enforced: snapshots at `down`)."""
     import boto3
 
-    from infra.local.iam import roles as iam_roles
+    from infra.local.standins.iam import roles as iam_roles
     from infra.local.templates import CloudAssembly, Deployment
     from infra.local.templates.provision import provision
 
@@ -201,11 +202,11 @@ def prepare(state: StateDir, cdk_out: Path, local: LocalSide, echo: Callable[[st
 
 
 def _step_functions(lam, dep, configs: dict) -> None:
-    """The functions the state machines invoke, in moto's Lambda API (infra.local.sfn.moto_bridge
+    """The functions the state machines invoke, in moto's Lambda API (infra.local.standins.sfn.moto_bridge
     runs their handlers with this configuration, credentials included)."""
     from botocore.exceptions import ClientError
 
-    from infra.local.sfn.deploy import placeholder_zip
+    from infra.local.standins.sfn.deploy import placeholder_zip
 
     named = set()
     for machine in dep.state_machines.values():
@@ -266,7 +267,7 @@ def service_settings(state: StateDir) -> dict:
     """The keyword arguments of infra.local.serve.Service that wire it as the templates say."""
     import boto3
 
-    from infra.local.scheduler import Schedule
+    from infra.local.standins.scheduler import Schedule
     from skyfn.protocol.queues.sqs import SqsQueue
 
     wiring = load(state)
@@ -305,7 +306,7 @@ def _invoker(fn: dict) -> Callable:
     """A handler callable (event, context) that runs `fn` in its own environments."""
     import uuid
 
-    from infra.local.lambda_pool import LambdaPool
+    from infra.local.standins.lambda_pool import LambdaPool
 
     pool = LambdaPool(target(fn["handler"]), min_workers=1, max_workers=4, env=fn["env"], inherit=False).start()
 

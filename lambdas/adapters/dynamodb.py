@@ -159,6 +159,13 @@ class Dynamo:
         """The owner's finished tasks among `task_ids`, by id."""
         return self.history.get_many(owner, task_ids)
 
+    def get_some_tasks(self, owner: str, task_ids: list[str], max_pages: int) -> tuple[dict[str, dict[str, Any]],
+                                                                                      list[str]]:
+        """The owner's finished tasks among `task_ids`, by id, reading at most `max_pages` of
+        the history's page groups (a second of task ids each, oldest first); and the ids whose
+        pages were left unread (ask again for them)."""
+        return self.history.get_some(owner, task_ids, max_pages)
+
     def get_submission(self, submission_id: str) -> dict[str, Any] | None:
         item = self.submissions.get_item(Key={"submission_id": submission_id}).get("Item")
         return _plain(item) if item else None

@@ -94,15 +94,27 @@ class TaskHistory:
 
     def get_many(self, owner: str, task_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         """The owner's archived tasks among `task_ids` (one query per bucket)."""
+        return self.get_some(owner, task_ids, None)[0]
+
+    def get_some(self, owner: str, task_ids: Iterable[str], max_buckets: int | None
+                 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
+        """The owner's archived tasks among `task_ids`, reading the pages of at most
+        `max_buckets` buckets (one query each; None: all), oldest first; and the ids of the
+        buckets left unread, in their order."""
         wanted: dict[str, set[str]] = {}
+        order: list[str] = []
         for tid in task_ids:
             wanted.setdefault(bucket_of(tid), set()).add(tid)
+            order.append(tid)
+        read = sorted(wanted) if max_buckets is None else sorted(wanted)[:max_buckets]
         found: dict[str, dict[str, Any]] = {}
-        for bucket, ids in wanted.items():
+        for bucket in read:
+            ids = wanted[bucket]
             for item in self._read(Key("k").eq(_page_key(owner, bucket))):
                 if item["task_id"] in ids:
                     found[item["task_id"]] = item | {"owner": owner}
-        return found
+        unread = set(wanted) - set(read)
+        return found, [tid for tid in order if bucket_of(tid) in unread]
 
     def since(self, owner: str, since: float, limit: int) -> list[dict[str, Any]]:
         """The owner's archived tasks created at or after `since`, newest first (at most

@@ -23,6 +23,13 @@ class Conflict(ServiceError):
     code = "conflict"
 
 
+class Invalid(ServiceError):
+    """Well-formed but not acceptable (a bad group, policy, share, flow...): subclasses name the code."""
+
+    status = 422
+    code = "invalid"
+
+
 class TooLarge(ServiceError):
     status = 413
     code = "payload_too_large"

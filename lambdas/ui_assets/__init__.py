@@ -1,5 +1,5 @@
 """The status page (/ui), one copy for both places that serve it: the embedded runtime's
-gateway (infra/local/gateway.py) and, in AWS, the UI function behind the REST API
+gateway (infra/local/standins/gateway.py) and, in AWS, the UI function behind the REST API
 (lambdas/ui.py). The files (index.html, app.js, style.css; no build step) hold no data:
 everything the page shows comes from the REST and WebSocket APIs with the token the user
 signs in with.

@@ -7,7 +7,12 @@ object) can make one; it is checked where the bytes are served (the resolver of 
 the direct connector's object server) against the user whose task asks: a ref that leaks
 into another user's task is refused there with a clear error.
 
-Format: "<base64url(JSON {o, r, e})>.<base64url(mac)>" -- a few dozen bytes in the ref.
+The right to *evict* is the owner's. A ref made with `evict=True` (use once) carries, signed,
+that whoever it lets resolve it also removes it as they do (`x`); without it only the owner's
+own resolve or evict removes the object, so a reader that sets `evict` on its copy of a ref
+removes nothing (every place that serves bytes checks `Capability.may_evict`).
+
+Format: "<base64url(JSON {o, r, e[, x]})>.<base64url(mac)>" -- a few dozen bytes in the ref.
 """
 from __future__ import annotations
 
@@ -25,9 +30,15 @@ class Capability:
     owner: str
     readers: tuple[str, ...]
     expires: Optional[float]
+    evict: bool = False  # the owner made it use-once: resolving it (by anyone it allows) removes it
 
     def allows(self, user: Optional[str]) -> bool:
         return user is not None and (user == self.owner or user in self.readers)
+
+    def may_evict(self, user: Optional[str]) -> bool:
+        """Whether `user`'s resolve may remove the object: its owner, or anyone it allows when
+        the owner made it use-once."""
+        return user is not None and (user == self.owner or (self.evict and self.allows(user)))
 
 
 def _b64(data: bytes) -> str:
@@ -43,8 +54,11 @@ def _mac(secret: bytes, store: str, key: str, body: str) -> bytes:
 
 
 def sign(secret: bytes, store: str, key: str, owner: str, readers: Iterable[str] = (),
-         expires: Optional[float] = None) -> str:
-    body = _b64(json.dumps({"o": owner, "r": sorted(set(readers)), "e": expires}, separators=(",", ":")).encode())
+         expires: Optional[float] = None, evict: bool = False) -> str:
+    fields: dict = {"o": owner, "r": sorted(set(readers)), "e": expires}
+    if evict:
+        fields["x"] = True
+    body = _b64(json.dumps(fields, separators=(",", ":")).encode())
     return f"{body}.{_b64(_mac(secret, store, key, body))}"
 
 
@@ -59,7 +73,8 @@ def verify(secret: bytes, store: str, key: str, token: str, now: Optional[float]
         raise ValueError("the ref's capability was not signed by this store (forged, altered, or made for "
                          "another store or key)")
     fields = json.loads(_unb64(body))
-    cap = Capability(owner=fields["o"], readers=tuple(fields.get("r") or ()), expires=fields.get("e"))
+    cap = Capability(owner=fields["o"], readers=tuple(fields.get("r") or ()), expires=fields.get("e"),
+                     evict=fields.get("x") is True)
     if cap.expires is not None and (now if now is not None else time.time()) > cap.expires:
         raise ValueError(f"the ref expired at {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(cap.expires))}")
     return cap
@@ -68,4 +83,5 @@ def verify(secret: bytes, store: str, key: str, token: str, now: Optional[float]
 def peek(token: str) -> Capability:
     """The fields of a capability without checking it (for messages and placement only)."""
     fields = json.loads(_unb64(token.split(".", 1)[0]))
-    return Capability(owner=fields["o"], readers=tuple(fields.get("r") or ()), expires=fields.get("e"))
+    return Capability(owner=fields["o"], readers=tuple(fields.get("r") or ()), expires=fields.get("e"),
+                      evict=fields.get("x") is True)

@@ -15,7 +15,7 @@ file's access token alone (AccessTokenAuthorizer, for tests and short jobs). Ref
 tokens are written back to the token file (0600, atomically, like `skyfn login`'s config);
 tokens are never logged. `transfer_url` / `auth_url` (or globus-sdk's own
 GLOBUS_SDK_SERVICE_URL_TRANSFER / _AUTH) point the clients elsewhere, e.g. at
-`python -m infra.local.globus_transfer`.
+`python -m infra.local.standins.globus_transfer`.
 """
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from skyfn.private_file import write_private
 
 TRANSFER_RS = "transfer.api.globus.org"
 TRANSFER_SCOPE = "urn:globus:auth:scope:transfer.api.globus.org:all"
@@ -138,18 +140,11 @@ def read_tokens(path: Path) -> dict:
 def save_tokens(path: Path, tokens: dict) -> Path:
     """Merge {resource server: token data} into the token file (0600, atomic, never logged)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     doc = read_tokens(path)
     for rs, data in tokens.items():
         doc[rs] = {k: data.get(k) for k in ("access_token", "refresh_token", "expires_at_seconds", "scope")
                    if data.get(k) is not None}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=2)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
-    return path
+    return write_private(path, json.dumps(doc, indent=2))
 
 
 def _saver(path: Optional[Path]):

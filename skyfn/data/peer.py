@@ -106,7 +106,8 @@ class Identities:
             st = os.stat(self.path)
         except OSError as exc:
             raise ValueError(f"the peer identities file {self.path} ({PEER_IDENTITIES_ENV}) cannot be read: "
-                             f"{exc.strerror}; the multi-user endpoint keeps it (root-owned, 0644)") from None
+                             f"{exc.strerror}; the multi-user endpoint keeps it (root's, 0640, readable by its user agents' "
+                             "group peer_gid)") from None
         sig = (st.st_mtime_ns, st.st_size, st.st_ino, st.st_uid, st.st_mode)
         with self._lock:
             if sig == self._seen:

@@ -28,11 +28,13 @@ import secrets
 import threading
 import time
 import uuid
+from dataclasses import replace
 from typing import Any, Iterable, Optional
 
 from skyfn.data import capability, codec, context
 from skyfn.data.connectors import from_config
 from skyfn.data.errors import DataConfigError, RefAccessDenied, RefResolutionError
+from skyfn.private_file import write_private
 
 CACHE_BYTES = int(os.environ.get("SKYFN_DATA_CACHE_BYTES", 512 << 20))
 
@@ -131,7 +133,7 @@ class Store:
         key = uuid.uuid4().hex
         self.connector.put(key, frames, ttl=ttl)
         expires = None if ttl is None else time.time() + ttl
-        cap = capability.sign(self.secret, self.name, key, owner, share_with, expires)
+        cap = capability.sign(self.secret, self.name, key, owner, share_with, expires, evict=evict)
         return Ref(RefInfo(self.name, self.connector.config(), key, cap, self.endpoint_id, codec.size_of(frames),
                            evict))
 
@@ -150,6 +152,8 @@ class Store:
         hit = cache.get(ck)
         if hit is not None:
             return hit[0]
+        if info.evict and not cap.may_evict(user):  # a reader's copy marked evict: it reads, it removes nothing
+            info = replace(info, evict=False)
         # Connectors that check the capability where the bytes are served (direct) get the ref and user.
         get_for = getattr(self.connector, "get_for", None)
         data = get_for(info, user) if get_for is not None else self.connector.get(info.key)
@@ -213,12 +217,7 @@ def load_stores_file(path: str) -> list[Store]:
 
 def write_stores_file(path: str, stores: dict[str, dict], default: Optional[str], endpoint_id: Optional[str]) -> None:
     """Written 0600: it holds the stores' secrets."""
-    doc = {"endpoint_id": endpoint_id, "default": default, "stores": stores}
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f)
-    os.replace(tmp, path)
+    write_private(path, json.dumps({"endpoint_id": endpoint_id, "default": default, "stores": stores}))
 
 
 def get_store(name: str) -> Optional[Store]:

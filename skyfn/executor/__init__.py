@@ -2,8 +2,9 @@
 
 One module per role, as Dask's ``distributed.comm`` keeps one per transport:
 
-- ``core``: the Executor (batching of submissions, futures, cancels, the long-poll of
-  POST /tasks/status) and its one background thread;
+- ``core``: the Executor (its API, futures, the submission queue, cancels);
+- ``service_path``: its one background thread, all it says to the service (submission
+  batches by group commit, cancels, the long-poll of POST /tasks/status);
 - ``push``: results pushed over the service's WebSocket API (the thread waits on the socket);
 - ``direct``: a direct session, tasks straight to the endpoint's agent and results straight back;
 - ``channel``: the small interface (``ChannelPort``) the core hands each channel: the channels

@@ -5,29 +5,18 @@ Threading model
 * The caller's thread, in ``submit``/``map``: registers each distinct function once
   (cached by the function object), serializes the arguments (so serialization errors
   raise right there), creates the future and appends it to the submission queue.
-* ONE background thread (``skyfn-executor``), started on first use (and again after it
-  ended, idle, for ``_IDLE_EXIT`` seconds), does all the I/O:
-    1. sends queued submissions as POST /tasks batches (at ``batch_size`` tasks, as soon as
-       submissions stop arriving, or at the latest ``batch_interval`` seconds after the
-       oldest was queued; ``map`` flushes at once), each request with its own idempotency
-       key so a retried request creates nothing twice;
-    2. sends DELETE /tasks/{id} for futures cancelled by the user;
-    3. gets results: pushed over the service's WebSocket API when it has one (``push``, on
-       unless SKYFN_EXECUTOR_PUSH=0; skyfn/executor/push.py: the thread waits on the socket and a
-       wake-up pipe with one ``select``), else, and whenever the connection is down, by
-       long-polling POST /tasks/status for all outstanding task ids with ``wait`` (the
-       service answers as soon as any is final); futures resolve as results arrive.
-  It never sleeps between polls (the server's long poll paces it); it backs off only
-  after errors. The progress bar, if any, is driven from this thread only (from the
-  direct channel's thread instead, when the executor has one).
+* ONE background thread (``skyfn-executor``, skyfn/executor/service_path.py), started on
+  first use (and again after it ended, idle), does all the I/O with the service: submission
+  batches by group commit, cancels, results pushed over the service's WebSocket API
+  (``push``, on unless SKYFN_EXECUTOR_PUSH=0) or long-polled. The progress bar, if any, is
+  driven from this thread only (from the direct channel's thread instead, when the
+  executor has one).
 * With ``direct=True`` a second thread (``skyfn-direct``, skyfn/executor/direct.py) takes
   the submissions instead: it sends them to the endpoint's agent in a direct session the
   service authorized, and resolves futures from the agent's answers. What it cannot run
   that way (no session offered, a refusal, the agent lost) it hands back to the queue
   above, and the service path takes it.
-* Futures are never left hanging: a submission that fails after the transport's retries,
-  or a status poll that keeps failing for ``max_poll_failures`` rounds, sets the error on
-  the futures concerned; an unexpected error in the thread fails every pending future.
+* Futures are never left hanging (service_path.py says how).
 
 The state both threads share lives in one ``State`` (skyfn/executor/state.py) under one lock;
 each channel reaches it only through the ``ChannelPort`` this core hands it
@@ -35,7 +24,6 @@ each channel reaches it only through the ``ChannelPort`` this core hands it
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import sys
 import threading
@@ -44,27 +32,20 @@ from concurrent.futures import Executor as _BaseExecutor
 from concurrent.futures import TimeoutError as FuturesTimeoutError
 from typing import Any, Callable, Iterable, Iterator, Optional, TextIO, Union
 
-from skyfn.client import Client, check_user_config, split_requests, task_options
-from skyfn.dataflow import announce, find_inputs
+from skyfn.client import Client
+from skyfn.submission import check_user_config, task_options
+from skyfn.dataflow import find_inputs
+from skyfn.executor import service_path
 from skyfn.executor.channel import ChannelPort
 from skyfn.executor.future import SkyfnFuture
-from skyfn.executor.inputs import Deferred, name_inputs
+from skyfn.executor.inputs import Deferred
 from skyfn.executor.refs import argument_refs
 from skyfn.executor.progress import ProgressBar
-from skyfn.executor.state import State, set_exception
-from skyfn.http import SkyfnAPIError
-from skyfn.protocol.limits import MAX_STATUS_IDS
+from skyfn.executor.service_path import ServicePath
+from skyfn.executor.state import State
 from skyfn.protocol.serialize import pack_args
 
 log = logging.getLogger("skyfn.executor")
-
-# A submission stream is considered paused when no new submission arrived for this long.
-_QUIET = 0.0003
-# The background thread ends after this long with nothing to do (a later submit restarts it),
-# so executors that are never shut down do not keep threads forever.
-_IDLE_EXIT = 10.0
-# Long-poll wait while the user is still submitting, so new work is not held up long.
-_BUSY_WAIT = 0.05
 
 
 class Executor(_BaseExecutor):
@@ -88,6 +69,12 @@ class Executor(_BaseExecutor):
     loop. Such calls go through the service even with ``direct=True``; the future of a task
     that went through the direct session has no id the service knows, so a call taking it
     waits here for its value and passes it inline (skyfn/executor/inputs.py).
+
+    ``direct_via``: how a direct session reaches the agent -- ``"auto"`` (the default, or
+    $SKYFN_DIRECT_VIA): its advertised address when a TCP connection to it can be made,
+    else through the rendezvous server, punched or relayed (an agent behind a NAT or a
+    site firewall: docs/direct-from-a-laptop.md); ``"address"``; ``"rendezvous"`` (always).
+    ``direct_path`` says which path the session took: tcp, punched or relayed.
     """
 
     def __init__(
@@ -96,7 +83,7 @@ class Executor(_BaseExecutor):
         endpoint: str = "local",
         client: Optional[Client] = None,
         batch_size: int = 1000,
-        batch_interval: float = 0.005,
+        batch_interval: float = 0.0,
         progress: Union[bool, TextIO] = False,
         *,
         poll_wait: float = 1.0,
@@ -114,6 +101,7 @@ class Executor(_BaseExecutor):
         arg_ref_ttl: Optional[float] = None,
         direct: Optional[bool] = None,
         direct_timeout: float = 5.0,
+        direct_via: Optional[str] = None,
         user_config: Optional[dict] = None,
     ):
         self.user_config = check_user_config(user_config)  # ValueError before anything starts
@@ -146,8 +134,6 @@ class Executor(_BaseExecutor):
         # shared with the channels, under one lock (skyfn/executor/state.py)
         self._state = st = State()
         self._cv = st.cv
-        self._thread: Optional[threading.Thread] = None
-        self._poll_offset = 0
         self._fn_lock = threading.Lock()
         self._fn_ids: dict[Any, str] = {}
         self._deferred = Deferred(st, self, self._pack, lambda items: self._enqueue(items, flush=True, via_service=True))
@@ -182,14 +168,25 @@ class Executor(_BaseExecutor):
             if self.direct_why_not is None:
                 from skyfn.executor.direct import DirectChannel
 
-                self._direct = DirectChannel(self._port("direct"), self.endpoint_id, direct_timeout)
+                self._direct = DirectChannel(self._port("direct"), self.endpoint_id, direct_timeout, via=direct_via)
                 self.direct_why_not = self._direct.why_not
                 if self.direct_why_not is not None:  # pyzmq missing: the service path, as without direct
                     self._direct = None
+        self._service = ServicePath(st, self.client, endpoint_id=self.endpoint_id, group_id=self.group_id,
+                                    memoize=self.memoize, user_config=self.user_config,
+                                    task_options=lambda: self._task_options, batch_size=self.batch_size,
+                                    batch_interval=self.batch_interval, poll_wait=self.poll_wait,
+                                    max_poll_failures=self.max_poll_failures, bar=self._bar, pushed=self._pushed,
+                                    wake_r=self._wake_r, direct=self._direct is not None)
+
+    @property
+    def _thread(self):
+        """The background thread while it runs (service_path.py), else None."""
+        return self._service.thread
 
     def _port(self, owner: str) -> ChannelPort:
         """What a channel may use of this executor (skyfn/executor/channel.py)."""
-        return ChannelPort(self._state, self.client, batch_size=self.batch_size, idle_exit=_IDLE_EXIT,
+        return ChannelPort(self._state, self.client, batch_size=self.batch_size, idle_exit=service_path._IDLE_EXIT,
                            task_options=lambda: self._task_options,
                            to_service=lambda items: self._enqueue(items, flush=True, via_service=True),
                            bar=self._bar, owner=owner)
@@ -312,6 +309,12 @@ class Executor(_BaseExecutor):
         to_service) and whether it is in use; {} when the executor was made without it."""
         return self._direct.snapshot() if self._direct is not None else {}
 
+    @property
+    def direct_path(self) -> Optional[str]:
+        """How the direct session reaches the agent now: "tcp" (its address), "punched" or
+        "relayed" (through the rendezvous server); None without a connection."""
+        return self._direct.path if self._direct is not None else None
+
     # -- caller side ----------------------------------------------------------------
     def _function_id(self, fn: Union[Callable[..., Any], str]) -> str:
         if isinstance(fn, str):
@@ -362,9 +365,8 @@ class Executor(_BaseExecutor):
             st.n_submitted += len(items)
             if flush:
                 st.flush_now = True
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="skyfn-executor", daemon=True)
-                self._thread.start()
+            if self._service.thread is None:
+                self._service.start()
             self._cv.notify_all()
             self._wake()
 
@@ -390,200 +392,6 @@ class Executor(_BaseExecutor):
                 st.to_cancel.add(task_id)
                 self._cv.notify_all()
                 self._wake()
-
-    # -- background thread ----------------------------------------------------------
-    def _run(self) -> None:
-        st = self._state
-        try:
-            self._bar.open("executor")
-            while True:
-                batch: list = []
-                cancels: list[str] = []
-                with self._cv:
-                    while True:
-                        if st.to_cancel:
-                            cancels = list(st.to_cancel)
-                            st.to_cancel.clear()
-                            break
-                        if st.queue:
-                            now = time.monotonic()
-                            due = min(st.last_enqueued + _QUIET, st.first_enqueued + self.batch_interval)
-                            # a lone task while nothing is in flight goes at once: waiting for
-                            # company only delays a single call (its round trip)
-                            lone = len(st.queue) == 1 and not st.outstanding and not st.inflight
-                            if (st.flush_now or st.shutdown or lone or len(st.queue) >= self.batch_size
-                                    or now >= due):
-                                batch = st.queue[: self.batch_size]
-                                del st.queue[: len(batch)]
-                                st.inflight = [item[0] for item in batch]
-                                if not st.queue:
-                                    st.flush_now = False
-                                else:
-                                    st.first_enqueued = now
-                                break
-                            self._cv.wait(due - now)
-                            continue
-                        if st.outstanding:
-                            break
-                        if self._pushed is not None and self._pushed.connected and not st.shutdown:
-                            break  # wait on the push socket (it closes itself when idle)
-                        if self._direct is None:
-                            self._bar.update(idle=True)
-                        if st.shutdown and not st.deferring():
-                            return
-                        if not self._cv.wait(_IDLE_EXIT) and not (st.queue or st.outstanding or st.to_cancel):
-                            self._thread = None  # idle: end; the next submit starts a new thread
-                            return
-                if cancels:
-                    self._send_cancels(cancels)
-                elif batch:
-                    self._send_batch(batch)
-                    if self._pushed is not None:
-                        self._pushed.drain()
-                elif self._pushed is not None and self._pushed.ensure():
-                    self._pushed.wait(self._wake_r)
-                elif st.outstanding:
-                    self._poll()
-                if self._direct is None:
-                    self._bar.update()
-        except BaseException as exc:  # never leave futures hanging
-            log.exception("skyfn executor thread failed")
-            self._fail_everything(exc)
-        finally:
-            if self._pushed is not None:
-                self._pushed.close()
-            if self._direct is None:
-                self._bar.close()
-
-    def _send_batch(self, batch: list[tuple[SkyfnFuture, str, str]]) -> None:
-        st = self._state
-        if self._pushed is not None and not self._pushed.connected:
-            self._pushed.ensure()  # subscribed before the tasks exist: no catching up needed
-        live = [item for item in batch if not item[0].cancelled()]
-        dropped = len(batch) - len(live)
-        with self._cv:
-            st.inflight = [item[0] for item in live]
-            st.n_submitted -= dropped
-        if not live:
-            return
-        opts = self._task_options
-        tasks = [{"function_id": fid, "payload": payload, **opts} for _, fid, payload in live]
-        flow = False
-        for task, (fut, _, _) in zip(tasks, live):
-            if fut.data_locations:
-                task["data_locations"] = fut.data_locations
-            if fut.inputs:  # named per request below; here for the request's size
-                task["inputs"] = fut.inputs
-                flow = True
-        start = 0
-        for chunk in split_requests(tasks, max_tasks=self.batch_size):
-            items = live[start : start + len(chunk)]
-            start += len(chunk)
-            if flow:  # after the earlier requests' answers: their tasks have ids now
-                name_inputs(items, chunk, self._send_request)
-            else:
-                self._send_request(items, chunk, len(items))
-
-    def _send_request(self, items: list[tuple], tasks: list[dict], taken: int) -> None:
-        """POST /tasks for `tasks` (of `items`); `taken`: how many in-flight items this
-        accounts for, those left out because an input could not be named included."""
-        st = self._state
-        try:
-            ids = self.client.submit_tasks(tasks, self.endpoint_id, group_id=self.group_id, memoize=self.memoize,
-                                           user_config=self.user_config) if tasks else []
-        except Exception as exc:  # already retried with the same idempotency key
-            with self._cv:
-                st.inflight = st.inflight[taken:]
-                st.n_submitted -= taken
-            for fut, _, _ in items:
-                set_exception(fut, exc)
-            announce()  # calls of other executors may wait for these
-            return
-        cancelled = []
-        with self._cv:
-            st.inflight = st.inflight[taken:]
-            st.n_submitted -= taken - len(items)
-            outstanding = st.outstanding
-            for (fut, _, _), tid in zip(items, ids):
-                fut.task_id = tid
-                if fut.cancelled():
-                    cancelled.append(tid)
-                outstanding[tid] = fut
-            if cancelled:
-                st.to_cancel.update(cancelled)
-        announce()  # calls of other executors may wait for these ids
-
-    def _send_cancels(self, task_ids: list[str]) -> None:
-        for tid in task_ids:
-            try:
-                self.client.cancel(tid)
-            except Exception as exc:  # the local future is cancelled either way
-                log.warning("could not cancel task %s: %s", tid, exc)
-        with self._cv:
-            for tid in task_ids:
-                self._state.outstanding.pop(tid, None)
-
-    def _poll(self) -> None:
-        st = self._state
-        with self._cv:
-            n = len(st.outstanding)
-            if n == 0:
-                return
-            # With every outstanding id in the request, the previous answer's cursor makes
-            # the service return only tasks finished since then (O(finished), not
-            # O(outstanding)). Tasks submitted later finish later, so none is missed.
-            # A partial window must not use it: finishes outside the window would be skipped.
-            whole = n <= MAX_STATUS_IDS
-            if whole:
-                ids = list(st.outstanding)
-            else:  # more than one request holds: rotate through windows, oldest first
-                start = self._poll_offset if self._poll_offset < n else 0
-                ids = list(itertools.islice(st.outstanding, start, start + MAX_STATUS_IDS))
-                self._poll_offset = start + len(ids)
-                st.cursor = None
-            busy = bool(st.queue) or time.monotonic() - st.last_enqueued < self.poll_wait
-        wait = min(self.poll_wait, _BUSY_WAIT) if busy else self.poll_wait
-        t0 = time.monotonic()
-        try:
-            answer = self.client.status(ids, wait=wait, cursor=st.cursor)
-        except Exception as exc:
-            self._poll_failed(ids, exc)
-            return
-        self._poll_failures = 0
-        st.cursor = answer.get("cursor") if whole else None
-        if not st.apply_answer(answer) and wait > 0.05 and time.monotonic() - t0 < wait / 2:
-            time.sleep(0.01)  # the service did not honour wait: do not spin on it
-
-    _poll_failures = 0
-
-    def _poll_failed(self, ids: list[str], exc: Exception) -> None:
-        st = self._state
-        permanent = isinstance(exc, SkyfnAPIError) and 400 <= exc.status < 500 and exc.status != 429
-        self._poll_failures += 1
-        if permanent or self._poll_failures > self.max_poll_failures:
-            log.error("giving up on %d tasks after %d failed status polls: %s", len(ids), self._poll_failures, exc)
-            with self._cv:
-                futs = [st.outstanding.pop(tid) for tid in ids if tid in st.outstanding]
-            for fut in futs:
-                set_exception(fut, exc)
-            self._poll_failures = 0
-            return
-        log.warning("status poll failed (%d/%d): %s", self._poll_failures, self.max_poll_failures, exc)
-        with self._cv:  # back off, but wake for shutdown/cancel
-            self._cv.wait(min(0.2 * 2 ** self._poll_failures, 5.0))
-
-    def _fail_everything(self, exc: BaseException) -> None:
-        st = self._state
-        with self._cv:
-            futs = [item[0] for item in st.queue] + st.inflight + list(st.outstanding.values()) + list(st.deferred)
-            st.queue.clear()
-            st.inflight = []
-            st.outstanding.clear()
-            st.deferred.clear()
-            st.broken = exc
-        err = exc if isinstance(exc, Exception) else RuntimeError(f"skyfn executor stopped: {exc!r}")
-        for fut in futs:
-            set_exception(fut, err)
 
     def _close_client(self) -> None:
         if self._own_client:

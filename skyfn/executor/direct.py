@@ -31,6 +31,14 @@ concerned go through the service instead (at least once, as for every skyfn task
   on the socket's monitor as they happen, so a killed agent costs a fraction of a second,
   not ``timeout``.
 
+Where the agent opens no port the session goes through the rendezvous server instead
+(``via``: auto, address or rendezvous; skyfn/executor/direct_path.py): the DEALER then
+connects to a local PathBridge, which carries the same CurveZMQ session over a punched or
+relayed channel and makes a new one when it breaks. ``path`` says which (tcp, punched,
+relayed). A broken path loses nothing: the PINGs that follow ask for the tasks still
+waited for, and the agent replays their results (or, past its replay cache, the service
+settles them).
+
 A future resolves once: a task leaves the pending map exactly once, under its lock. The
 channel reaches its Executor only through the ``ChannelPort`` the core hands it
 (skyfn/executor/channel.py): resolving, handing tasks back to the service path, the bar.
@@ -38,7 +46,6 @@ channel reaches its Executor only through the ``ChannelPort`` the core hands it
 from __future__ import annotations
 
 import collections
-import itertools
 import logging
 import os
 import select
@@ -49,36 +56,36 @@ from typing import Optional
 
 import orjson
 
-from skyfn.client import FINAL
 from skyfn.executor.channel import ChannelPort
+from skyfn.executor import direct_path
+from skyfn.executor.direct_liveness import PING_EVERY_S, Liveness, watched_events
 from skyfn.http import SkyfnAPIError
-from skyfn.protocol.limits import MAX_STATUS_IDS
 from skyfn.protocol import direct as proto
 from skyfn.protocol.ids import uuid7s
 
 log = logging.getLogger("skyfn.executor.direct")
 
-PING_EVERY_S = 1.0
 RETRY_AFTER_S = 5.0
 RENEW_BEFORE_S = 60.0  # a token this close to its expiry is renewed before use
-SETTLE_AFTER_S = 1.0   # a task the agent no longer holds is looked up at the service after this
-RESUBMIT_AFTER_S = 5.0  # ... and resubmitted if the service still has no record of it after this
 PACK_BYTES = 16 << 20  # a pack is sent once its payloads reach this (the agent takes messages up to 64 MiB)
 MAX_DIRECT_PAYLOAD = 8 << 20  # larger arguments go through the service (and S3)
 MIN_WINDOW = 2000  # tasks of this executor the agent may hold at once, at least (PONG's capacity x 2)
+MAX_RESENDS = 3  # a task the agent says never arrived is sent again at most this often
 _IDLE_WAIT_S = 1.0
 
 
-def _watched_events(zmq) -> int:
-    """The monitor events the channel acts on (_watch)."""
-    return (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
-            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-
-
-class DirectChannel(threading.Thread):
-    def __init__(self, port: ChannelPort, endpoint_id: str, timeout: float):
+class DirectChannel(Liveness, threading.Thread):
+    def __init__(self, port: ChannelPort, endpoint_id: str, timeout: float, via: Optional[str] = None,
+                 punch_timeout: float = 3.0):
         super().__init__(name="skyfn-direct", daemon=True)
+        via = via or os.environ.get("SKYFN_DIRECT_VIA", "auto")
+        if via not in direct_path.VIAS:
+            raise ValueError(f"direct_via must be one of {', '.join(direct_path.VIAS)}, got {via!r}")
+        self.via = via
+        self.punch_timeout = punch_timeout
+        self._bridge: Optional[direct_path.PathBridge] = None  # the way through the rendezvous server
+        self._address: Optional[str] = None  # what the DEALER connects to
+        self._handshake_failures = 0
         self.port = port  # all it uses of the Executor (skyfn/executor/channel.py)
         self.endpoint_id = endpoint_id
         self.timeout = max(0.5, float(timeout))
@@ -135,8 +142,23 @@ class DirectChannel(threading.Thread):
         waiting = time.monotonic() < self._retry_at
         counts = dict.fromkeys(("sessions", "session_failures", "packs", "tasks", "results", "refused", "lost",
                                 "settled", "to_service"), 0)
-        return dict(counts, **self.stats, active=self.usable and not waiting and self._session is not None,
-                    why_not=self.why_not or (self.unavailable if waiting else None), last_loss=self.last_loss)
+        b = self._bridge
+        paths = dict(b.counts, path_setup_s=b.setup_s, path_error=b.last_error,
+                     relay_bytes=sum(b.traffic()) if b.counts["relayed"] else 0) if b is not None else {}
+        return dict(counts, **self.stats, **paths, active=self.usable and not waiting and self._session is not None,
+                    why_not=self.why_not or (self.unavailable if waiting else None), last_loss=self.last_loss,
+                    path=self.path)
+
+    @property
+    def path(self) -> Optional[str]:
+        """How the session reaches the agent now: tcp, punched, relayed (None: no connection)."""
+        if self._sock is None:
+            return None
+        return "tcp" if self._bridge is None else self._bridge.mode
+
+    def drop_path(self) -> bool:
+        """Break the path through the rendezvous server (fault tests); False when there is none."""
+        return self._bridge is not None and self._bridge.drop_path()
 
     def close(self, wait: bool = True) -> None:
         """Stop taking tasks; with ``wait``, return once every task handed over is resolved
@@ -196,9 +218,11 @@ class DirectChannel(threading.Thread):
                 pass
             if self._drop:
                 self._drop = False
-                if self._session is not None:
+                if self._session is not None and self._address is not None:
                     self._identity = uuid.uuid4().bytes
-                    self._connect(zmq, self._session["address"], self._session["server_key"])
+                    self._connect(zmq, self._address, self._session["server_key"])
+            if self._bridge is not None:
+                self._check_path()
             if readable and self._sock is not None:
                 self._receive(zmq)
             if self._incoming:
@@ -304,14 +328,37 @@ class DirectChannel(threading.Thread):
             self.stats["session_failures"] += 1
             return False
         self.unavailable = None
-        if s is None or opened["address"] != s["address"] or opened["server_key"] != s["server_key"]:
-            self._connect(zmq, opened["address"], opened["server_key"])
+        try:
+            kind, where = direct_path.route(opened, self.via)
+        except ValueError as exc:
+            self.unavailable = str(exc)
+            self._retry_at = time.monotonic() + RETRY_AFTER_S
+            self.stats["session_failures"] += 1
+            log.warning("no direct session (%s); tasks go through the service", exc)
+            return False
+        same_key = s is not None and opened["server_key"] == s["server_key"]
+        if kind == "tcp" and not (same_key and self._bridge is None and where == self._address):
+            self._connect(zmq, where, opened["server_key"])
+        elif kind == "rendezvous":
+            if same_key and self._bridge is not None and self._bridge.ticket["name"] == where["name"]:
+                self._bridge.update(where)  # a renewed session: the next path uses its ticket
+            else:
+                bridge = direct_path.PathBridge(where, self.punch_timeout, on_change=self._wake)
+                self._connect(zmq, bridge.address, opened["server_key"])
+                self._bridge = bridge
         self._session = dict(opened, fids=want)
         self.stats["sessions"] += 1
         return True
 
     def _connect(self, zmq, address: str, server_key: str) -> None:
+        bridge = self._bridge if address.startswith("ipc://") and self._bridge is not None \
+            and self._bridge.address == address else None
+        self._bridge = None  # kept across a reconnect to the same bridge only
         self._disconnect()
+        self._bridge = bridge
+        self._address = address
+        self._handshake_failures = 0
+        self._paths_judged = 0  # paths through the rendezvous whose handshake was already judged
         if self._ctx is None:
             self._ctx = zmq.Context()
         sock = self._ctx.socket(zmq.DEALER)
@@ -324,7 +371,7 @@ class DirectChannel(threading.Thread):
         sock.curve_serverkey = server_key.encode()
         sock.curve_publickey = public
         sock.curve_secretkey = secret
-        self._monitor = sock.get_monitor_socket(_watched_events(zmq))
+        self._monitor = sock.get_monitor_socket(watched_events(zmq))
         self._up = False
         sock.connect(address)
         self._sock = sock
@@ -337,6 +384,9 @@ class DirectChannel(threading.Thread):
         sock.send_multipart([proto.PING])  # the PONG tells the agent's capacity: the window
 
     def _disconnect(self) -> None:
+        if self._bridge is not None:
+            self._bridge.close()
+            self._bridge = None
         if self._sock is not None:
             if self._monitor is not None:
                 self._sock.disable_monitor()
@@ -373,6 +423,7 @@ class DirectChannel(threading.Thread):
                 for tid in info.get("unknown") or ():
                     if tid in self._pending:
                         self._suspects.setdefault(tid, now)
+                self._resend(zmq, info.get("never") or ())
             elif op == proto.REFUSED:
                 self._refused(zmq, orjson.loads(frames[1]))
             sock = self._sock
@@ -388,6 +439,18 @@ class DirectChannel(threading.Thread):
         self.stats["results"] += len(done)
         self.port.resolve([(fut, rec["task_id"], rec) for fut, rec in done], [])
 
+    def _resend(self, zmq, never) -> None:
+        """Tasks the agent says never arrived (lost with a broken connection) go again, a few times."""
+        with self._lock:
+            tasks = [(tid, *self._pending.pop(tid)) for tid in never if tid in self._pending]
+        again = [(tid, fut, fid, payload, n + 1) for tid, fut, fid, payload, n in tasks if n < MAX_RESENDS]
+        if again:
+            self.stats["resent"] += len(again)
+            self._send(zmq, again)
+        gone = [(fut, fid, payload) for tid, fut, fid, payload, n in tasks if n >= MAX_RESENDS]
+        if gone:
+            self._to_service(gone, "sent to the agent several times, never arrived")
+
     def _refused(self, zmq, refusal: dict) -> None:
         code, reason = refusal.get("code"), refusal.get("reason", "")
         with self._lock:
@@ -401,82 +464,6 @@ class DirectChannel(threading.Thread):
                 return
         log.warning("the agent refused %d direct task(s) (%s: %s); they go through the service", len(tasks), code, reason)
         self._to_service([(fut, fid, payload) for _, fut, fid, payload, _ in tasks], reason)
-
-    # -- liveness ---------------------------------------------------------------------
-    def _watch(self, zmq) -> None:
-        """Read the socket's monitor: a connection attempt that fails (nothing listens at the
-        address any more: the agent stopped or moved) or a handshake the agent refuses (a
-        restarted agent, another key) while no connection is up means the agent is gone.
-        A dropped connection alone is not: ZeroMQ reconnects, and a reply lost meanwhile is
-        settled from the service (PING/PONG)."""
-        from zmq.utils.monitor import recv_monitor_message
-
-        while self._monitor is not None:
-            try:
-                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)["event"]
-            except zmq.Again:
-                return
-            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self._up = True
-            elif event == zmq.EVENT_DISCONNECTED:
-                self._up = False
-            elif not self._up and self._session is not None:
-                address = self._session["address"]
-                self._lost(f"nothing accepts connections at {address} any more (the agent stopped or moved)"
-                           if event == zmq.EVENT_CLOSED else
-                           f"the agent at {address} refused the session's handshake (it restarted)")
-                return
-
-    def _check_alive(self, zmq) -> None:
-        if self._sock is None:
-            return
-        now = time.monotonic()
-        if now - self._last_heard > self.timeout:
-            self._lost(f"the agent did not answer for {self.timeout:g} s")
-        elif now - self._last_heard > PING_EVERY_S and now - self._last_ping > PING_EVERY_S:
-            self._last_ping = now
-            with self._lock:  # the oldest tasks still waited for: the agent says which it no longer holds
-                asked = list(itertools.islice(self._pending, proto.MAX_ASKED))
-            try:
-                self._sock.send_multipart([proto.PING, orjson.dumps(asked)], zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
-        if self._suspects:
-            self._settle(now)
-
-    def _settle(self, now: float) -> None:
-        """Tasks the agent no longer holds but whose result never came (its reply was lost):
-        resolved from the service's record, or, when the service has none past a grace
-        period (they never reached the agent), submitted through the service."""
-        due = [tid for tid, since in self._suspects.items() if now - since >= SETTLE_AFTER_S]
-        if not due:
-            return
-        for tid in list(self._suspects):
-            if tid not in self._pending:
-                del self._suspects[tid]
-        due = [tid for tid in due if tid in self._pending]
-        try:
-            answer = self.port.client.status(due[:MAX_STATUS_IDS], wait=0)
-        except Exception as exc:  # noqa: BLE001 - tried again at the next check
-            log.warning("could not settle %d direct task(s) through the service: %s", len(due), exc)
-            return
-        found = {tid: st for tid, st in (answer.get("tasks") or {}).items() if st.get("state") in FINAL}
-        done, gone = [], []
-        with self._lock:
-            for tid in due[:MAX_STATUS_IDS]:
-                if tid in found:
-                    done.append((self._pending.pop(tid)[0], tid, found[tid]))
-                    del self._suspects[tid]
-                elif now - self._suspects[tid] >= RESUBMIT_AFTER_S:
-                    fut, fid, payload, _ = self._pending.pop(tid)
-                    gone.append((fut, fid, payload))
-                    del self._suspects[tid]
-        self.stats["settled"] += len(done)
-        self.stats["results"] += len(done)
-        self.port.resolve(done, [])
-        if gone:
-            log.warning("%d direct task(s) never reached the agent; they go through the service", len(gone))
-            self._to_service(gone, "never reached the agent")
 
     def _lost(self, why: str) -> None:
         """The agent is gone (or lost our tasks): everything in flight goes through the service."""

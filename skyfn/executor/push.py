@@ -220,13 +220,16 @@ class PushedResults:
         if not ids:
             return False
         use_cursor = not full and port.cursor is not None and len(ids) <= MAX_STATUS_IDS
-        found, cursors = 0, []
+        found, cursors, later = 0, [], False
         for window in _windows(ids):
             answer = port.client.status(window, wait=0, cursor=port.cursor if use_cursor else None)
             cursors.append(answer.get("cursor"))
+            later = later or bool(answer.get("later"))
             found += port.apply_answer(answer)
         cursors = [c for c in cursors if c]
-        if cursors:
+        if later:  # some were left to read from the service's history: the next resync reads every one
+            port.cursor = None
+        elif cursors:
             # several windows: the earliest position, so nothing between them is skipped
             port.cursor = min(cursors, key=cursor_key)
         return found > 0

@@ -17,7 +17,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Optional
 
-from skyfn.client import FINAL, task_outcome
+from skyfn.outcomes import FINAL, task_outcome
 from skyfn.http import TaskNotFound
 
 

@@ -114,6 +114,16 @@ class EndpointInfo(BaseModel):
                                                                     "managers, warm containers, in flight, ...")
 
 
+class HeartbeatAck(BaseModel):
+    """POST /endpoints/{id}/heartbeat's answer: the heartbeat as recorded. Not the whole
+    EndpointInfo: every idle endpoint heartbeats, and its backlog is a queue read (an SQS
+    GetQueueAttributes on AWS) that no agent uses; GET /endpoints/{id} has it."""
+
+    endpoint_id: str
+    status: Literal["online"] = "online"
+    last_heartbeat: float
+
+
 class EndpointRegistered(EndpointInfo):
     task_queue: QueueDescriptor
     results_queue: QueueDescriptor
@@ -123,6 +133,8 @@ class EndpointRegistered(EndpointInfo):
                                                                       "agent (rotated by each registration)")
     aws_credentials: Optional[dict[str, str]] = Field(default=None, description="SQS only: session credentials "
                                                                                 "scoped to this endpoint's queues")
+    results_key: Optional[str] = Field(default=None, description="hex key the agent seals its result packs with "
+                                       "(skyfn.protocol.result_seal; derived from the endpoint credential)")
 
 
 class EndpointList(BaseModel):
@@ -132,10 +144,33 @@ class EndpointList(BaseModel):
 class DirectInfo(BaseModel):
     """What an agent publishes about its direct socket (heartbeat field `direct`)."""
 
-    address: str = Field(description="tcp://host:port the SDK connects to")
+    address: Optional[str] = Field(default=None, description="tcp://host:port the SDK connects to; null: no "
+                                   "port (reached through the rendezvous server only)")
     server_key: str = Field(min_length=40, max_length=40, description="the socket's CurveZMQ public key (Z85)")
     session_key: str = Field(min_length=2 * SESSION_KEY_BYTES, max_length=2 * SESSION_KEY_BYTES,
                              pattern="^[0-9a-f]+$", description="hex key the service signs session tokens with")
+    rendezvous: bool = Field(default=False, description="the agent LISTENs at the service's rendezvous server "
+                             "(skyfn.protocol.direct_path): sessions may reach it punched or relayed")
+
+
+class ListenTicket(BaseModel):
+    """POST /endpoints/{id}/direct/listen: where and under which name the agent LISTENs."""
+
+    address: str = Field(description="host:port of the rendezvous server")
+    name: str = Field(description="the listener name (skyfn.protocol.direct_path.listener_name)")
+    token: str = Field(description="the rendezvous token admitting LISTEN of that name")
+    expires: float
+
+
+class PathTicket(BaseModel):
+    """How a session reaches its agent through the rendezvous server (skyfn.protocol.direct_path)."""
+
+    address: str = Field(description="host:port of the rendezvous server")
+    name: str = Field(description="the agent's listener name")
+    caller: str = Field(description="this session's caller string (caller_of)")
+    token: str = Field(description="the call token for (name, caller)")
+    path_key: str = Field(description="hex key the SDK proves its ticket to the agent with (a secret)")
+    expires: float
 
 
 class Heartbeat(_Body):
@@ -161,10 +196,13 @@ class OpenSession(_Body):
 class SessionOpened(BaseModel):
     session_id: str
     endpoint_id: str
-    address: str = Field(description="the agent's direct socket, tcp://host:port")
+    address: Optional[str] = Field(default=None, description="the agent's direct socket, tcp://host:port; null: "
+                                   "reached through the rendezvous server only")
     server_key: str = Field(description="its CurveZMQ public key (Z85)")
     token: str = Field(description="what each task pack carries; signed for the agent")
     expires_at: float
+    rendezvous: Optional[PathTicket] = Field(default=None, description="the way to the agent through the "
+                                             "rendezvous server, when it listens there")
 
 
 class Resources(_Body):
@@ -300,11 +338,18 @@ class TaskStatus(BaseModel):
                                                                 "of the buffer (skyfn.protocol.blobs)")
     result_expired: Optional[ExpiredResult] = Field(default=None, description="SUCCEEDED, but the result is no "
                                                                             "longer kept (never a silent null)")
+    endpoint_id: Optional[str] = Field(default=None, description="with a result or error: the endpoint the task "
+                                       "was routed to")
+    result_by: Optional[str] = Field(default=None, description="with a result or error: the endpoint whose agent "
+                                     "produced it; the SDK decodes neither unless it is endpoint_id")
 
 
 class StatusResponse(BaseModel):
     tasks: dict[str, TaskStatus]
-    unknown: list[str] = Field(default_factory=list)
+    unknown: list[str] = Field(default_factory=list, description="ids the service has no task for")
+    later: list[str] = Field(default_factory=list, description="ids of tasks purged from the hot store whose records "
+                             "this answer did not read from the durable history (one answer reads a bounded part): "
+                             "ask for them again")
     cursor: str = Field(description="pass back to receive only tasks that finish after this answer")
 
 

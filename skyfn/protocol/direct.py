@@ -32,14 +32,18 @@ Frames are multipart ZeroMQ messages whose first frame is an op code:
                    [REFUSED, refusal]       refusal: JSON {"task_ids": [...], "reason": str, "code": str}
                    [PONG, info]             info: JSON {"started": agent start time, "load": tasks held,
                                                         "capacity": tasks it takes at once,
-                                                        "unknown": [asked ids the agent does not hold]}
+                                                        "unknown": [asked ids the agent does not hold],
+                                                        "never": [asked ids that never arrived]}
 
 The SDK keeps at most twice the agent's capacity (at least MIN_WINDOW) of its tasks at the
 agent and holds the rest, so a long map does not land in the agent's memory at once.
 
 A task the agent no longer holds yet the SDK still waits for lost its reply (the SDK's
-connection dropped while it was sent) or never arrived; the SDK settles it through the
-service, which has its record or, past a grace period, takes it as a new submission.
+connection dropped while it was sent) or never arrived. The agent sends again a result
+it still keeps (its replay cache, before the PONG), names in `never` the asked ids that
+never arrived (the SDK sends those again: nothing ran), and the SDK settles the rest
+through the service, which has its record or, past a grace period, takes it as a new
+submission.
 
 Refusal codes: `bad_token` (malformed or not signed by this agent's current key: the
 agent restarted, ask the service for a new session), `expired`, `wrong_endpoint`,

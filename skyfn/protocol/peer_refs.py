@@ -24,6 +24,10 @@ One request per exchange, on a connection that may carry several in turn:
                                      | {"ok": false, "code": "denied"|"missing"|"invalid"|"busy"|"failed",
                                         "reason": ...}
 
+"evict" asks the broker to remove the object as it serves it; it does so only when the signed
+capability grants it (skyfn.data.capability: the owner, or any reader of a ref its owner made
+use-once), else it serves and keeps the object.
+
 "denied": the capability does not let the connecting uid's users read it (not shared,
 forged, expired); "missing": no such object; "invalid": a malformed request, another
 protocol version or a store the broker does not serve; "busy": the broker serves as many

@@ -135,11 +135,13 @@ def _first_read(client, ids: list[str]) -> tuple[dict[str, dict], Optional[str]]
     statuses: dict[str, dict] = {}
     unknown: list[str] = []
     cursors = []
-    for i in range(0, len(ids), MAX_STATUS_IDS):
-        answer = client.status(ids[i:i + MAX_STATUS_IDS], include_events=True, peek=True, results=False)
+    ask = list(ids)
+    while ask:
+        answer = client.status(ask[:MAX_STATUS_IDS], include_events=True, peek=True, results=False)
         statuses.update(answer.get("tasks") or {})
         unknown += answer.get("unknown") or []
         cursors.append(answer.get("cursor"))
+        ask = (answer.get("later") or []) + ask[MAX_STATUS_IDS:]  # `later`: read from the history in parts
     named = set(unknown)
     unknown += [tid for tid in ids if tid not in statuses and tid not in named]
     if unknown:

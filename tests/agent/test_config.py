@@ -31,7 +31,7 @@ def test_template_is_valid_and_documented(home):
     assert parsed.model_copy(update={"data": None}) == parse_config({})
     assert parsed.data.default == "redis" and parsed.data.redis.start == "auto" and not parsed.data.stores
     for key in ("service_url", "workers", "prefetch", "heartbeat_period", "lease_seconds", "receive_batch",
-                "result_flush_ms", "grace_period"):
+                "result_batch", "grace_period"):
         assert key in text
     paths = EndpointPaths("demo")
     write_template(paths)
@@ -63,6 +63,13 @@ def test_unknown_key_lists_allowed_keys():
         parse_config({"wrokers": 2})
     msg = str(info.value)
     assert "unknown key 'wrokers'" in msg and "workers" in msg and "value 2" in msg
+
+
+def test_an_obsolete_key_is_ignored_with_a_warning_naming_it(caplog):
+    with caplog.at_level("WARNING", logger="skyfn.agent.config"):
+        cfg = parse_config({"result_flush_ms": 5, "workers": 3})
+    assert cfg.workers == 3 and "result_flush_ms" not in cfg.model_dump()
+    assert "result_flush_ms is obsolete and ignored" in caplog.text and "remove it" in caplog.text
 
 
 def test_bad_yaml_and_bad_shape(tmp_path):

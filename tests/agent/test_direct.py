@@ -57,7 +57,7 @@ class Rig:
                                "direct": {"listen": "127.0.0.1"}, **cfg})
         self.ctx = zmq.Context()
         self.ix = Interchange(config, "ep", self.outbox, ctx=self.ctx, key_dir=tmp_path / "curve")
-        self.outbox.on_idle = self.ix.wake_up
+        self.outbox.on_idle = self.ix.on_outbox_idle
         self.calls: collections.deque = collections.deque()
         self.errors: list[BaseException] = []
         self._stop = threading.Event()
@@ -329,15 +329,28 @@ def test_a_ping_names_the_asked_tasks_the_agent_does_not_hold(rig, sdk):
     sdk.submit(slow, [TaskSpec(task_id="quick", function_id="f1", payload=pack_args((3,), {}))], {"f1": SQUARE})
     assert deserialize(sdk.results(["quick"])["quick"]["result"]) == 9
     # in one message: a pack and then a PING asking about it, the running task, a finished
-    # one and one never sent -- the agent holds the first two only
+    # one and one never sent -- the agent holds the first two, replays the finished one's
+    # result (its reply may have been lost) and names the one that never arrived
     sdk.submit(slow, [TaskSpec(task_id="same-step", function_id="s", payload=pack_args((2, 0.5), {}))], {})
     sdk.sock.send_multipart([dp.PING, orjson.dumps(["same-step", "running", "quick", "never-sent", 7])])
+    replayed = []
     while True:
         op, body = sdk.recv()
         if op == dp.PONG:
             break
+        assert op == dp.RESULTS
+        replayed += orjson.loads(body)
     info = orjson.loads(body)
-    assert info["unknown"] == ["quick", "never-sent"]
+    assert [r["task_id"] for r in replayed] == ["quick"] and deserialize(replayed[0]["result"]) == 9
+    assert info["unknown"] == [] and info["never"] == ["never-sent"]
+    # another SDK (another identity) asking about the same task gets no replay: it is not its task
+    other = Sdk(rig.ix, rig.ctx)
+    try:
+        other.sock.send_multipart([dp.PING, orjson.dumps(["quick"])])
+        op, body = other.recv()
+        assert op == dp.PONG and orjson.loads(body)["unknown"] == ["quick"]
+    finally:
+        other.close()
     sdk.sock.send_multipart([dp.PING, b"not json"])  # a bad list asks nothing
     op, body = sdk.recv()
     assert op == dp.PONG and orjson.loads(body)["unknown"] == []
@@ -434,6 +447,8 @@ def test_info_is_what_heartbeats_publish_and_stays_out_of_stats(rig, tmp_path):
     ({"port": "any"}, "direct.port"),
     ({"advertise": "host name"}, "direct.advertise"),
     ({"lisen": "127.0.0.1"}, "unknown key 'direct.lisen'"),
+    ({"reach": "nat"}, "direct.reach"),
+    ({"punch_timeout": 0}, "direct.punch_timeout"),
     ("yes", "key 'direct'"),
 ])
 def test_config_errors_name_the_field_and_the_fix(section, expect):

@@ -48,8 +48,8 @@ def test_the_written_files_load_and_work_together(home):
     assert is_multi_user(d / "config.yaml") and config.multi_user is True
     assert config.path("identity_mapping_file") == d / "identity_mapping.yaml"
     assert config.path("audit_log") == d / "audit.log"
-    assert (config.working_directory, config.deny_accounts, config.min_uid, config.idle_timeout) == \
-        ("{home}/.skyfn/work", ["root", "nobody"], 1000, 600.0)
+    assert (config.working_directory, config.deny_accounts, config.min_uid, config.idle_timeout,
+            config.lane_idle_timeout) == ("{home}/.skyfn/work", ["root", "nobody"], 1000, 600.0, 3600.0)
     mapper = IdentityMapper.from_file(config.path("identity_mapping_file"), "site")
     assert mapper.map({"id": "u-1", "email": "alice@example.org"}).account == "alice"
     assert mapper.map({"id": "u-2", "email": "alice@example.com"}).account is None
@@ -80,6 +80,11 @@ def test_the_written_files_load_and_work_together(home):
      "key 'working_directory': value '/w/{uid}' is not allowed (only {home} and {user} may be used"),
     ({"multi_user": True, "deny_accounts": ["ok", "a b"]}, "'a b' is not an account or group name"),
     ({"multi_user": True, "min_uid": 0}, "key 'min_uid': value 0 is not allowed"),
+    ({"multi_user": True, "lane_idle_timeout": 60},
+     "key 'lane_idle_timeout': value 60 is not allowed (it is shorter than idle_timeout (600): a lane is unbound "
+     "only once its user agent has stopped idle; set lane_idle_timeout to at least 600, or lower idle_timeout)"),
+    ({"multi_user": True, "idle_timeout": 5, "lane_idle_timeout": 0},
+     "key 'lane_idle_timeout': value 0 is not allowed (Input should be greater than 0)"),
 ])
 def test_bad_settings_name_the_file_the_key_and_what_is_allowed(data, message):
     with pytest.raises(ConfigError) as info:

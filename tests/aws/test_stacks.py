@@ -303,6 +303,8 @@ def test_results_role_holds_what_lambdas_poller_calls(t):
     assert "ResultsQueue" in resources_text(consume)
     (mapping,) = props(t["service"], "AWS::Lambda::EventSourceMapping")
     assert "ResultsQueue" in json.dumps(mapping["EventSourceArn"])
+    # no batching window: a window would hold every result pack up to that long (issue 37)
+    assert not mapping.get("MaximumBatchingWindowInSeconds")
 
 
 def test_no_handler_has_wildcard_actions_or_admin(t):

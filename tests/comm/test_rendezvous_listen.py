@@ -63,15 +63,36 @@ def raw_lines(address, payload: bytes, timeout=10.0) -> list[bytes]:
 def test_parse_listen_call_ping_lines():
     assert P.parse_peer_line(b"LISTEN objects.ep-1 tok") == P.Listen("objects.ep-1", "tok")
     assert P.parse_peer_line(b"CALL objects.ep-1 tok\r") == P.Call("objects.ep-1", "tok")
+    assert P.parse_peer_line(b"CALL direct.ep-1 tok s-1.u-ab") == P.Call("direct.ep-1", "tok", "s-1.u-ab")
     assert P.parse_peer_line(b"PING") == P.Ping()
     for line, fragment in [(b"LISTEN a", "expected 'LISTEN <name> <token>'"),
-                           (b"CALL a b c", "expected 'CALL <name> <token>'"),
+                           (b"CALL a b c d", "expected 'CALL <name> <token> [<caller>]'"),
+                           (b"CALL a b c/d", "group id is invalid"),
                            (b"LISTEN a/b tok", "listener name is invalid"),
                            (b"CALL " + b"n" * 111 + b" tok", "use 1-110 characters"),
                            (b"PING now", "expected 'PING'")]:
         with pytest.raises(P.ProtocolError) as err:
             P.parse_peer_line(line)
         assert err.value.code == "malformed" and fragment in err.value.reason, (line, err.value.reason)
+
+
+def test_a_call_token_admits_its_caller_only_and_the_listener_is_told_who_called(server, name):
+    from rendezvous.tokens import make_call_token
+
+    n = name()
+    listener = client.listen(server.address, n, tok(n))
+    group, token = client.call(server.address, n, make_call_token(SECRET, n, "s-1.u-ab"), caller="s-1.u-ab")
+    assert listener.next_incoming(timeout=10) == client.Incoming(group, token, "s-1.u-ab")
+    for bad_token, caller in [(make_call_token(SECRET, n, "s-2.u-ab"), "s-1.u-ab"),    # another caller's
+                              (make_call_token(SECRET, n + "x", "s-1.u-ab"), "s-1.u-ab"),  # another listener's
+                              (tok(n), "s-1.u-ab")]:                                  # a name token
+        with pytest.raises(RendezvousError) as err:
+            client.call(server.address, n, bad_token, caller=caller)
+        assert err.value.code == "bad_token"
+    with pytest.raises(RendezvousError) as err:  # and a call token is no name token
+        client.call(server.address, n, make_call_token(SECRET, n, "s-1.u-ab"))
+    assert err.value.code == "bad_token"
+    listener.close()
 
 
 def test_call_gives_both_sides_the_same_fresh_group_and_both_join_it(server, name):

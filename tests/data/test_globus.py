@@ -1,5 +1,5 @@
 """Globus staging with globus-sdk's real TransferClient driving the local Transfer stand-in
-(infra/local/globus_transfer/), which really copies between directories as collections:
+(infra/local/standins/globus_transfer/), which really copies between directories as collections:
 the API subset, token refresh through globus-sdk's auth clients, the stager's batching
 (200 items -> ceil(200 / batch size) Transfer tasks, concurrency bound kept), a missing
 path failing with Globus's message, the GlobusConnector with a 100 MB array by ref, and
@@ -17,7 +17,7 @@ import globus_sdk
 import numpy as np
 import pytest
 
-from infra.local.globus_transfer.server import TransferStandIn
+from infra.local.standins.globus_transfer.server import TransferStandIn
 from skyfn.data import GlobusConnector, GlobusFile, Store
 from skyfn.data.globus_config import TRANSFER_RS, authorizer, parse_globus, read_tokens, save_tokens
 from skyfn.protocol.serialize import pack_args, unpack_args
@@ -323,7 +323,7 @@ def test_standin_cli_with_globus_sdk_environment(dirs, tmp_path, monkeypatch):
     import requests
 
     (dirs[A] / "cli.txt").write_text("through the CLI")
-    proc = subprocess.Popen([sys.executable, "-m", "infra.local.globus_transfer", "--collection", f"{A}={dirs[A]}",
+    proc = subprocess.Popen([sys.executable, "-m", "infra.local.standins.globus_transfer", "--collection", f"{A}={dirs[A]}",
                              "--collection", f"{B}={dirs[B]}", "--token", TOKEN, "--port", "0",
                              "--log", str(tmp_path / "log.json")],
                             cwd=REPO, stdout=subprocess.PIPE, text=True)

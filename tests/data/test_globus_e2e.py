@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
-from infra.local.globus_transfer.server import TransferStandIn
+from infra.local.standins.globus_transfer.server import TransferStandIn
 from skyfn import Client, Executor
 from skyfn.data import GlobusFile
 from skyfn.data.globus_config import TRANSFER_RS, save_tokens

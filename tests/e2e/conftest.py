@@ -44,9 +44,9 @@ def local_home(tmp_path_factory):
 def iam_report(home) -> list[str]:
     """After a run from the templates: the refused requests of its IAM access log, whose
     lines are also appended to $SKYFN_TEST_IAM_REPORT when set (the least-privilege report
-    of `make test-deploy`: python -m infra.local.iam.report_cli --log FILE --cdk-out DIR)."""
+    of `make test-deploy`: python -m infra.local.standins.iam.report_cli --log FILE --cdk-out DIR)."""
     from infra.local import template_runtime
-    from infra.local.iam import report
+    from infra.local.standins.iam import report
     from infra.local.state import StateDir
 
     log = template_runtime.access_log(StateDir.at(home))

@@ -70,7 +70,7 @@ def used(home, function_suffix: str, action: str, since: int, resource_part: str
     `resource_part`) after the access log's first `since` lines (from the templates only:
     moto's IAM access log)."""
     from infra.local import template_runtime
-    from infra.local.iam import report
+    from infra.local.standins.iam import report
     from infra.local.state import StateDir
 
     entries = report.read_log(template_runtime.access_log(StateDir.at(home)))[since:]
@@ -80,7 +80,7 @@ def used(home, function_suffix: str, action: str, since: int, resource_part: str
 
 def log_length(home) -> int:
     from infra.local import template_runtime
-    from infra.local.iam import report
+    from infra.local.standins.iam import report
     from infra.local.state import StateDir
 
     return len(report.read_log(template_runtime.access_log(StateDir.at(home)))) if from_templates(home) else 0

@@ -8,7 +8,7 @@ starts the runtime from the copy (`skyfn local up --detach --from-templates`, IA
 in a private SKYFN_HOME with a one-worker endpoint, does what needs the statement, and checks
 that the run fails and that the AccessDenied names the action and the function (the session
 `skyfn-dev-<name>` of the assumed-role ARN): in the refusals of the access log, in the least-
-privilege report (python -m infra.local.iam.report_cli, exit 1) and where the operator looks
+privilege report (python -m infra.local.standins.iam.report_cli, exit 1) and where the operator looks
 (the service log). The control runs the unmodified assembly: the same scenario, 0 refusals.
 
 - results: the statement of its event-source mapping (sqs:ReceiveMessage ... on the results
@@ -109,12 +109,12 @@ class Run:
         return self.home / "local" / "templates" / "iam-access.jsonl"
 
     def entries(self) -> list[dict]:
-        from infra.local.iam import report
+        from infra.local.standins.iam import report
 
         return report.read_log(self.access_log)
 
     def refusals(self) -> list[str]:
-        from infra.local.iam import report
+        from infra.local.standins.iam import report
 
         return report.refusals(self.entries())
 
@@ -138,7 +138,7 @@ class Run:
         import contextlib
         import io
 
-        from infra.local.iam import report_cli
+        from infra.local.standins.iam import report_cli
 
         out = io.StringIO()
         with contextlib.redirect_stdout(out):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from infra.local.event_source import EventSourceMapping, failed_ids, redis_results_queue
+from infra.local.standins.event_source import EventSourceMapping, failed_ids, redis_results_queue
 from infra.local.processes import free_port, start_redis
 
 

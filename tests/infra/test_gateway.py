@@ -11,7 +11,7 @@ import time
 import pytest
 import requests
 
-from infra.local.gateway import Gateway
+from infra.local.standins.gateway import Gateway
 from tests.infra.sample_handlers import echo
 
 

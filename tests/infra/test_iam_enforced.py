@@ -1,6 +1,6 @@
-"""IAM enforced in the embedded runtime's moto (issue 25; infra/local/iam): a moto server
+"""IAM enforced in the embedded runtime's moto (issue 25; infra/local/standins/iam): a moto server
 started by the repo's launcher with SKYFN_MOTO_IAM_RESOURCES=1, roles created with
-infra.local.iam.roles, enforcement switched on, and every call made with a function's
+infra.local.standins.iam.roles, enforcement switched on, and every call made with a function's
 session credentials. What the role's policy allows works; the same call on another
 resource is refused with an AccessDenied naming the action, the resource and the
 session (the function); removing a statement refuses what it allowed; the access log
@@ -18,9 +18,9 @@ import requests
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from infra.local.iam import policy as iam_policy
-from infra.local.iam import report as iam_report
-from infra.local.iam import roles as iam_roles
+from infra.local.standins.iam import policy as iam_policy
+from infra.local.standins.iam import report as iam_report
+from infra.local.standins.iam import roles as iam_roles
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"

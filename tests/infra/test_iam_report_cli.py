@@ -1,4 +1,4 @@
-"""The least-privilege report CLI (python -m infra.local.iam.report_cli; issue 25) on a hand-
+"""The least-privilege report CLI (python -m infra.local.standins.iam.report_cli; issue 25) on a hand-
 written access log and hand-written role specs: per function, the actions its role allows,
 those it used, those never used and the refused requests; other principals after the
 functions; exit code 1 when any request was refused, 0 when none, 2 with nothing to report."""
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from infra.local.iam import report_cli
-from infra.local.iam.roles import RoleSpec
+from infra.local.standins.iam import report_cli
+from infra.local.standins.iam.roles import RoleSpec
 
 ACCOUNT = "123456789012"
 TRUST = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"},

@@ -12,7 +12,7 @@ import time
 import pytest
 import redis
 
-from infra.local.processes import AOF_REWRITE_PERCENTAGE, start_redis, write_pidfile
+from infra.local.processes import AOF_REWRITE_PERCENTAGE, start_redis, threads_exited, write_pidfile
 from infra.local.rewrite_yield import RewriteYield
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE and /proc: Linux only")
@@ -47,6 +47,16 @@ def _rewrite_policies(server, r: redis.Redis) -> tuple[dict[int, int], dict]:
     raise AssertionError(f"the rewrite did not end in 30 s: {r.info('persistence')}")
 
 
+def _until_dead(pid: int, timeout: float = 10.0) -> None:
+    """Until every thread of `pid` has exited (left a zombie: a SIGKILL is delivered, and the
+    sockets closed with the last thread, a little later; see threads_exited)."""
+    deadline = time.monotonic() + timeout
+    while not threads_exited(pid):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} still runs {timeout} s after SIGKILL")
+        time.sleep(0.01)
+
+
 def test_rewrites_run_at_sched_idle_and_follow_a_restart(tmp_path):
     pidfile = tmp_path / "redis.pid"
     server = start_redis(tmp_path / "redis")
@@ -68,6 +78,7 @@ def test_rewrites_run_at_sched_idle_and_follow_a_restart(tmp_path):
         # the rewritten file, and the next rewrite yields too
         killed = server
         os.kill(killed.pid, signal.SIGKILL)
+        _until_dead(killed.pid)  # its socket closed: the restart's readiness check must not find the old server
         server = start_redis(tmp_path / "redis", killed.port)
         write_pidfile(pidfile, server.pid)
         r = redis.Redis.from_url(server.url)

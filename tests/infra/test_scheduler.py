@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from infra.local.scheduler import Schedule, Scheduler
+from infra.local.standins.scheduler import Schedule, Scheduler
 
 
 def test_schedules_are_isolated_from_failures():

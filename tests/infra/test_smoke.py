@@ -25,7 +25,7 @@ def _stack(cfn, stage: str, part: str, outputs: dict[str, str]) -> None:
 
 @pytest.fixture
 def api_url(redis_url, aws_endpoint, monkeypatch):
-    from infra.local.gateway import Gateway
+    from infra.local.standins.gateway import Gateway
     from lambdas.bootstrap import ensure_resources
     from lambdas.core import deps
 

@@ -58,7 +58,7 @@ def test_a_function_environment_is_built_like_lambdas():
 
 
 def test_an_environment_built_from_configuration_alone_sees_nothing_of_ours(monkeypatch):
-    from infra.local.lambda_pool import LambdaPool
+    from infra.local.standins.lambda_pool import LambdaPool
 
     monkeypatch.setenv("SKYFN_BUCKET", "the-runtime-s")  # what a function that does not set it must not see
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "the-runtime-s-key")

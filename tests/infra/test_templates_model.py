@@ -183,7 +183,7 @@ def test_rules_and_event_source_mappings(dep):
     assert (mapping.function_name, mapping.queue, mapping.event_source_arn) == (
         "skyfn-dev-results", "skyfn-dev-results", dep.queues["skyfn-dev-results"].arn)
     assert (mapping.batch_size, mapping.max_batching_window, mapping.report_batch_item_failures,
-            mapping.max_concurrency, mapping.enabled) == (10, 1, True, 50, True)
+            mapping.max_concurrency, mapping.enabled) == (10, 0, True, 50, True)  # no batching window: results leave by group commit (issue 37)
     assert mapping.function == dep.functions["skyfn-dev-results"].logical_id
 
 

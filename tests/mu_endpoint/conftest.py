@@ -39,7 +39,7 @@ class Site:
     def __init__(self, home: Path, state, accounts: dict[str, str], endpoint_dir: Path, runtime_dir: Path):
         self.home = home
         self.state = state
-        self.accounts = accounts  # role (alice, bob, carol) -> account name
+        self.accounts = accounts  # role (alice, bob, carol, dave) -> account name; carol is denied
         self.endpoint_dir = endpoint_dir
         self.runtime_dir = runtime_dir
         self.proc: subprocess.Popen | None = None
@@ -98,16 +98,25 @@ class Site:
     def user_agents(self) -> list[dict]:
         return self.status().get("user_agents", [])
 
-    def audit(self) -> list[dict]:
+    def audit_lines(self) -> list[dict]:
         path = self.endpoint_dir / "audit.log"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
+    def audit(self) -> list[dict]:
+        """The tasks' records (not the disagreements)."""
+        return [r for r in self.audit_lines() if "task_id" in r]
+
+    def disagreements(self) -> list[dict]:
+        """What user agents reported that did not fit the routing record."""
+        return [r for r in self.audit_lines() if "disagreement" in r]
+
     def audit_of(self, task_ids, timeout: float = 30) -> list[dict]:
         """The audit records of these tasks, once each has one (a lane's agent copies them to the
-        router, which writes them within a poll period), and a period more for any duplicate."""
+        router, which writes them once the service confirms the outcome), and a period more for
+        any duplicate."""
         ids = set(task_ids)
         deadline = time.monotonic() + timeout
-        while {r["task_id"] for r in self.audit()} < ids and time.monotonic() < deadline:
+        while not ids <= {r["task_id"] for r in self.audit()} and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(1.0)
         return [r for r in self.audit() if r["task_id"] in ids]
@@ -141,7 +150,7 @@ def site(tmp_path_factory):
     os.environ["SKYFN_HOME"] = str(home)
     state = StateDir.at(home)
     try:
-        accounts = {role: made.user() for role in ("alice", "bob", "carol")}
+        accounts = {role: made.user() for role in ("alice", "bob", "carol", "dave")}
         runtime.up(home, detach=True, endpoint=False, echo=lambda *_: None)
         paths = EndpointPaths("mu", root=home / "endpoints").ensure()
         write_multi_user_files(paths)

@@ -20,9 +20,14 @@ def whoami():
 
 
 def expected(account: str) -> dict:
+    """The account's uid, gid and groups -- plus the user agents' peer_gid, the only extra group
+    (it reads identities.json) -- its HOME and name."""
+    from endpoint_agent.multiuser.configure import MultiUserConfig
+
     pw = pwd.getpwnam(account)
-    return {"uid": pw.pw_uid, "euid": pw.pw_uid, "gid": pw.pw_gid, "groups": sorted(os.getgrouplist(account, pw.pw_gid)),
-            "home": pw.pw_dir, "user": account}
+    groups = sorted({*os.getgrouplist(account, pw.pw_gid), MultiUserConfig(multi_user=True).peer_gid})
+    return {"uid": pw.pw_uid, "euid": pw.pw_uid, "gid": pw.pw_gid, "groups": groups, "home": pw.pw_dir,
+            "user": account}
 
 
 def test_after_its_first_task_a_users_tasks_bypass_the_router(site):

@@ -1,6 +1,6 @@
 """The embedded runtime for the run tests (package-scoped: it and its environment end with this
 package, so no other suite sees them), started as a user starts it (`skyfn local
-up --detach` in a private SKYFN_HOME): moto through infra.local.sfn.moto_bridge (state
+up --detach` in a private SKYFN_HOME): moto through infra.local.standins.sfn.moto_bridge (state
 machines run the real step handlers), the endpoint `local` with 4 workers (an SPMD group
 of 4 runs all its ranks at once), a real rendezvous server, and a short heartbeat
 timeout so that an endpoint whose agent is gone is marked offline within seconds."""

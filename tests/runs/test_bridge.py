@@ -1,4 +1,4 @@
-"""The moto Lambda bridge (infra.local.sfn.moto_bridge, started by start_moto): invoking a
+"""The moto Lambda bridge (infra.local.standins.sfn.moto_bridge, started by start_moto): invoking a
 function whose handler is one of the catalog's runs that handler's real code, its
 exception coming back as a Lambda function error; any other function keeps moto's
 behaviour (an echo)."""

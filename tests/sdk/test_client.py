@@ -130,7 +130,7 @@ def test_unknown_task(client):
 
 
 def test_large_batch_is_split_each_with_own_key(client, service, monkeypatch):
-    import skyfn.client as client_mod
+    import skyfn.submission as client_mod
 
     monkeypatch.setattr(client_mod, "REQUEST_MAX_TASKS", 1000)
     fid = client.register_function(funcs.square)

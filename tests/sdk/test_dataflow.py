@@ -10,7 +10,7 @@ from collections import OrderedDict
 
 import pytest
 
-import skyfn.client as client_mod
+import skyfn.submission as client_mod
 from skyfn import Client, DependencyFailed, Executor, TaskCancelled, TaskRef
 from skyfn.config import write_config
 from skyfn.executor.future import SkyfnFuture
@@ -49,7 +49,7 @@ def sent_tasks(flow) -> list[dict]:
 
 
 def test_a_chain_goes_in_one_request_with_local_inputs(fclient, flow, monkeypatch):
-    import skyfn.executor.core as core
+    import skyfn.executor.service_path as core
 
     monkeypatch.setattr(core, "_QUIET", 0.5)  # the calls below gather into one batch
     ex = Executor(client=fclient, push=False, batch_interval=0.5)
@@ -269,7 +269,7 @@ def test_shutdown_waits_for_calls_waiting_for_direct_values(fclient, flow):
 
 
 def test_two_executors_waiting_for_each_others_futures_both_move_on(fclient, flow, monkeypatch):
-    import skyfn.executor.core as core
+    import skyfn.executor.service_path as core
 
     monkeypatch.setattr(core, "_QUIET", 0.3)  # each executor gathers its two calls into one batch
     a_ex = Executor(client=fclient, push=False, batch_interval=0.3)

@@ -254,7 +254,7 @@ def test_10k_tasks_and_big_status_answers(client, service):
 
 
 def test_idle_thread_ends_and_restarts(client, monkeypatch):
-    import skyfn.executor.core as executor_mod
+    import skyfn.executor.service_path as executor_mod
 
     monkeypatch.setattr(executor_mod, "_IDLE_EXIT", 0.1)
     ex = Executor(client=client)

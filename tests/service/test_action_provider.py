@@ -14,6 +14,7 @@ from skyfn.protocol import serialize, serialize_function
 from skyfn.protocol.messages import ResultPack, TaskResult, TaskUpdate
 from skyfn.protocol.states import now
 from tests.service import ap_schemas
+from lambdas.adapters.redis_store.connection import redis_client
 
 
 def square(x):
@@ -214,10 +215,9 @@ def test_service_checks_pass_through(rec, world, api):
 def test_a_task_waiting_for_inputs_is_an_active_action(rec, world):
     """A flow step's task has no inputs, but should one be WAITING (issue 26) its action is
     ACTIVE, never reported FAILED."""
-    from lambdas.core import deps
 
     status, st = rec.call("POST", "/flows-ap/run", request(world, request_id="req-waiting"), kind="ActionStatus")
     assert status == 202, st
-    deps.redis_client().hset(f"t:{st['details']['task_id']}", "s", "WAITING")
+    redis_client().hset(f"t:{st['details']['task_id']}", "s", "WAITING")
     status, st = rec.call("GET", f"/flows-ap/{st['action_id']}/status", kind="ActionStatus")
     assert status == 200 and st["status"] == "ACTIVE" and st["display_status"] == "Waiting for its inputs", st

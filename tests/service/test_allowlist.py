@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from lambdas.core import deps
 from skyfn.protocol import pack_args, serialize_function
 from skyfn.protocol.allowlist import REFUSED
 from skyfn.protocol.messages import TaskPack
+from lambdas.adapters.redis_store.connection import redis_client
 
 
 def simulate(n):
@@ -38,7 +38,7 @@ def submit(api, ep, fid):
 
 
 def queued_packs(ep) -> list[TaskPack]:
-    entries = deps.redis_client().xrange(ep["task_queue"]["name"])
+    entries = redis_client().xrange(ep["task_queue"]["name"])
     return [TaskPack.model_validate_json(fields[b"b"]) for _, fields in entries]
 
 
@@ -108,7 +108,7 @@ def test_heartbeats_change_the_list_and_absent_leaves_it(api, fns):
 def test_the_list_survives_a_hot_store_that_lost_it(api, fns):
     listed, unlisted = fns
     ep = register_ep(api, "durable", [{"function_id": listed}])
-    deps.redis_client().delete(f"ep:{ep['endpoint_id']}")  # rebuilt from DynamoDB on the next read
+    redis_client().delete(f"ep:{ep['endpoint_id']}")  # rebuilt from DynamoDB on the next read
     status, body = submit(api, ep, unlisted)
     assert status == 403, body
     # re-registering without the key (a user's own call) keeps it; with null clears it

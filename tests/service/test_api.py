@@ -10,6 +10,7 @@ from lambdas.auth import mint_token
 from skyfn.protocol import pack_args, serialize_function
 from skyfn.protocol.api import MAX_REQUEST_BYTES
 from tests.service.conftest import SECRET
+from lambdas.adapters.redis_store.connection import redis_client
 
 
 def double(x):
@@ -101,7 +102,7 @@ def test_idempotency_key_creates_nothing_twice(api, fn_id, ep_id):
     assert b1["task_ids"] == b2["task_ids"] and b2["replayed"] is True
     from lambdas.core import deps
 
-    assert deps.redis_client().xlen(f"tasks:{ep_id}") == 1  # one pack, sent once
+    assert redis_client().xlen(f"tasks:{ep_id}") == 1  # one pack, sent once
 
 
 def test_status_long_poll_returns_when_a_result_lands(api, fn_id, ep_id):
@@ -162,7 +163,7 @@ def test_invalid_batches_are_422_and_store_nothing(api, fn_id, ep_id):
         status, body = api.call("POST", "/tasks", req)
         assert status == 422, (status, body)
         assert body["error"] == "invalid_request" and body["message"]
-    assert deps.redis_client().xlen(f"tasks:{ep_id}") == 0
+    assert redis_client().xlen(f"tasks:{ep_id}") == 0
 
 
 def test_unknown_ids_in_a_batch_are_404_and_store_nothing(api, fn_id, ep_id):
@@ -174,7 +175,7 @@ def test_unknown_ids_in_a_batch_are_404_and_store_nothing(api, fn_id, ep_id):
     assert status == 404 and "endpoint e-missing not found" in body["message"]
     status, body = api.call("POST", "/tasks", {"tasks": [{"function_id": fn_id, "payload": "x"}]})
     assert status == 404 and "no endpoint" in body["message"]
-    assert deps.redis_client().xlen(f"tasks:{ep_id}") == 0
+    assert redis_client().xlen(f"tasks:{ep_id}") == 0
 
 
 def test_unknown_ids_and_routes(api):
@@ -286,7 +287,7 @@ def test_integer_fields_take_json_numbers_with_a_zero_fraction(api, fn_id, ep_id
             "resources": {"cores": 2.0, "gpus": 0.0}, "data_locations": {ep_id: 1024.0, "other": 2 ** 53}}
     status, body = api.call("POST", "/tasks", {"endpoint_id": ep_id, "max_retries": 2.0, "tasks": [task]})
     assert status == 202, body
-    (_, fields), = deps.redis_client().xrange(f"tasks:{ep_id}")
+    (_, fields), = redis_client().xrange(f"tasks:{ep_id}")
     resources = json.loads(fields[b"b"])["tasks"][0]["resources"]
     assert resources == {"cores": 2, "gpus": 0} and all(type(v) is int for v in resources.values())
 
@@ -297,4 +298,4 @@ def test_integer_fields_take_json_numbers_with_a_zero_fraction(api, fn_id, ep_id
     for extra, named in bad:
         status, body = api.call("POST", "/tasks", {"endpoint_id": ep_id, "tasks": [{**task, **extra}]})
         assert status == 422 and named in body["message"], (extra, status, body)
-    assert deps.redis_client().xlen(f"tasks:{ep_id}") == 1
+    assert redis_client().xlen(f"tasks:{ep_id}") == 1

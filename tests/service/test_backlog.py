@@ -107,7 +107,7 @@ def test_retry_after_grows_with_how_far_over_the_bound(bounded, r):
 
 
 def test_the_gauge_is_cached_for_max_age(bounded, r):
-    store = deps.store()
+    store = deps.backlog_figures()
     first = backlog.gauge(store)
     r.rpush("outbox", "x")
     assert backlog.gauge(store) is first  # within max_age: no round trip
@@ -232,7 +232,7 @@ def test_the_hot_store_runs_with_noeviction(r):
 @pytest.fixture
 def gateway(bounded):
     """The API behind the embedded gateway (real HTTP), counting the statuses it answered."""
-    from infra.local.gateway import Gateway
+    from infra.local.standins.gateway import Gateway
     from lambdas.api import handler
 
     statuses: list[int] = []

@@ -16,6 +16,7 @@ from skyfn.protocol.dataflow import ENVELOPE_HEADER, Input, dependency_failure, 
 from skyfn.protocol.messages import ResultPack, TaskPack, TaskResult
 from skyfn.protocol.serialize import serialize
 from tests.service.graph_parts import add, dependent, info, plain, submit
+from lambdas.adapters.redis_store.connection import redis_client
 
 
 
@@ -31,7 +32,7 @@ def world(api):
 def sent(ep: dict) -> dict[str, dict]:
     """task id -> its spec, of every pack on the endpoint's queue."""
     out = {}
-    for _, fields in deps.redis_client().xrange(ep["task_queue"]["name"]):
+    for _, fields in redis_client().xrange(ep["task_queue"]["name"]):
         for t in TaskPack.model_validate_json(fields[b"b"]).tasks:
             out[t.task_id] = t.model_dump()
     return out
@@ -64,8 +65,8 @@ def test_a_chain_waits_then_runs_with_the_inputs_result(world):
     assert env["args"] == pack_args((Input(0), 10), {})
     assert env["inputs"] == [{"task_id": a, "result": serialize(3)}]
     # the pack is sent once and its record keeps no copy of it
-    assert deps.redis_client().hget(f"t:{b}", "wp") is None
-    assert deps.redis_client().llen("release") == 0 and deps.redis_client().zcard("releasing") == 0
+    assert redis_client().hget(f"t:{b}", "wp") is None
+    assert redis_client().llen("release") == 0 and redis_client().zcard("releasing") == 0
 
 
 def test_inputs_in_the_same_request_and_a_diamond(world):
@@ -128,10 +129,10 @@ def test_cancelling_a_task_cancels_its_dependents(world):
 def test_a_cancelled_dependent_never_runs_and_frees_its_inputs(world):
     api, fid, ep = world
     a, b = submit(api, fid, ep, plain(1), dependent(["#0"], Input(0)))
-    assert deps.redis_client().hget(f"t:{a}", "pn") == b"1"
+    assert redis_client().hget(f"t:{a}", "pn") == b"1"
     status, _ = api.call("DELETE", f"/tasks/{b}")
     assert status == 200 and info(api, b)["state"] == "CANCELLED"
-    assert deps.redis_client().hget(f"t:{a}", "pn") is None
+    assert redis_client().hget(f"t:{a}", "pn") is None
     finish(ep, a, value=1)
     assert info(api, b)["state"] == "CANCELLED" and set(sent(ep)) == {a}
 
@@ -141,7 +142,7 @@ def test_inputs_of_other_users_unknown_or_malformed_are_refused(world, other_api
     (a,) = submit(api, fid, ep, plain(1))
     status, fn = other_api.call("POST", "/functions", {"function": serialize_function(add)})
     status, oep = other_api.call("POST", "/endpoints", {"name": "theirs"})
-    before = set(deps.redis_client().keys())
+    before = set(redis_client().keys())
     status, body = other_api.call("POST", "/tasks", {"endpoint_id": oep["endpoint_id"], "tasks": [
         {"function_id": fn["function_id"], **dependent([a], Input(0))}]})
     assert status == 403 and body["error"] == "not_your_task" and a in body["message"]
@@ -151,7 +152,7 @@ def test_inputs_of_other_users_unknown_or_malformed_are_refused(world, other_api
         status, body = api.call("POST", "/tasks", {"endpoint_id": ep["endpoint_id"], "tasks": [
             {"function_id": fid, **dependent(inputs, Input(0))}]})
         assert (status, body["error"]) == (status_wanted, code), body
-    assert {k for k in set(deps.redis_client().keys()) - before if not k.startswith((b"rl:", b"claims:"))} == set()
+    assert {k for k in set(redis_client().keys()) - before if not k.startswith((b"rl:", b"claims:"))} == set()
     assert info(api, a)["state"] == "QUEUED"
 
 
@@ -162,7 +163,7 @@ def test_an_inputs_record_outlives_its_read_while_a_dependent_waits(world):
     finish(ep, a, value=1)
     api.call("GET", f"/tasks/{a}")  # read: would expire result_ttl after archival
     store.mark_archived([a])
-    r = deps.redis_client()
+    r = redis_client()
     assert r.ttl(f"t:{a}") == -1  # pinned by c, which has yet to read it
     finish(ep, b, value=2)
     assert info(api, c)["state"] == "QUEUED"
@@ -174,7 +175,7 @@ def test_a_release_whose_sender_died_is_offered_again(world):
     store = deps.store()
     (a,) = submit(api, fid, ep, plain(1))
     (b,) = submit(api, fid, ep, dependent([a], Input(0)))
-    r = deps.redis_client()
+    r = redis_client()
     store.finish([[a, "SUCCEEDED", serialize(1), None, None, ""]])  # not through the results function
     store.settle()
     taken = store.take_released(10, hold=0.05)  # a sender takes it, then dies before sending

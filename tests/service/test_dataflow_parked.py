@@ -1,4 +1,4 @@
-"""Parked dependents in the service (graph_scripts: WAIT, SETTLE, RELEASE_TAKE, UNPARK; FINISH,
+"""Parked dependents in the service (lua/wait.lua, settle.lua, release_take.lua, unpark.lua; FINISH,
 PROGRESS, EXPIRE): a dependent whose unfinished inputs all go to its own endpoint, whose agent
 reports the `park` feature, is sent there ahead of them and released by the agent; the service
 never sends it again unless the agent hands it back. Against a real Redis, through the API
@@ -19,6 +19,7 @@ from skyfn.protocol.queues import open_queue
 from skyfn.protocol.serialize import serialize
 from tests.service.conftest import Api
 from tests.service.graph_parts import add, dependent, info, plain, submit
+from lambdas.adapters.redis_store.connection import redis_client
 
 
 
@@ -43,7 +44,7 @@ def world(api):
 def sends(ep: dict) -> list[dict]:
     """Every task spec sent to the endpoint's queue, in order (a task sent twice is listed twice)."""
     out = []
-    for _, fields in deps.redis_client().xrange(ep["task_queue"]["name"]):
+    for _, fields in redis_client().xrange(ep["task_queue"]["name"]):
         out += [t.model_dump() for t in TaskPack.model_validate_json(fields[b"b"]).tasks]
     return out
 
@@ -70,11 +71,11 @@ def update(task_id: str, state: str) -> TaskUpdate:
 
 
 def record(tid: str) -> dict:
-    return {k.decode(): v.decode() for k, v in deps.redis_client().hgetall(f"t:{tid}").items()}
+    return {k.decode(): v.decode() for k, v in redis_client().hgetall(f"t:{tid}").items()}
 
 
 def load(ep) -> dict:
-    return {k.decode(): int(v) for k, v in deps.redis_client().hgetall(f"load:{ep['endpoint_id']}").items()}
+    return {k.decode(): int(v) for k, v in redis_client().hgetall(f"load:{ep['endpoint_id']}").items()}
 
 
 def test_a_dependent_on_its_own_endpoint_is_sent_ahead_and_its_agent_releases_it(world):
@@ -100,7 +101,7 @@ def test_a_dependent_on_its_own_endpoint_is_sent_ahead_and_its_agent_releases_it
     assert "pn" not in record(a)  # unpinned
     assert load(ep) == {}  # loaded while it ran, unloaded when it ended: nothing left over
     assert len(sent_to(ep, b)) == 1  # never sent again
-    r = deps.redis_client()
+    r = redis_client()
     assert r.llen("release") == 0 and r.zcard("releasing") == 0 and r.llen("settled") == 0
 
 
@@ -190,7 +191,7 @@ def test_a_parked_task_whose_agent_died_running_it_is_sent_again(world):
     pack(ep, [result(a, value=1)], [update(b, "RUNNING")])
     assert info(api, b)["state"] == "RUNNING" and load(ep) == {"_": 1}
     store = deps.store()
-    deps.redis_client().zadd("leases", {b: time.time() - 1})  # its lease ran out: the agent is gone
+    redis_client().zadd("leases", {b: time.time() - 1})  # its lease ran out: the agent is gone
     assert store.expire_leases()[:2] == (1, 0)
     assert info(api, b)["state"] == "QUEUED" and record(b)["pk"] == "1"
     # the queue redelivers the parked message; the new agent has no result of `a`: it hands b back
@@ -205,7 +206,7 @@ def test_a_parked_task_out_of_retries_frees_its_inputs(world):
     api, fid, ep = world
     a, b = submit(api, fid, ep, plain(1), dict(dependent(["#0"], Input(0)), max_retries=0))
     pack(ep, [result(a, value=1)], [update(b, "RUNNING")])
-    deps.redis_client().zadd("leases", {b: time.time() - 1})
+    redis_client().zadd("leases", {b: time.time() - 1})
     assert deps.store().expire_leases()[:2] == (0, 1)
     assert info(api, b)["state"] == "FAILED"
     assert not {"pk", "wp", "dn"} & set(record(b)) and "pn" not in record(a) and load(ep) == {}

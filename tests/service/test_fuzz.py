@@ -62,7 +62,7 @@ def service(redis_server, moto_server, tmp_path_factory):
     queued, finished and cancelled tasks."""
     import redis as redis_lib
 
-    from infra.local.gateway import Gateway
+    from infra.local.standins.gateway import Gateway
     from lambdas.auth import mint_token
     from lambdas.bootstrap import ensure_resources
     from lambdas.core import deps
@@ -75,7 +75,7 @@ def service(redis_server, moto_server, tmp_path_factory):
     os.environ.update(env)
     deps.reset()
     ensure_resources()
-    from infra.local.sfn.service_env import deploy_state_machines
+    from infra.local.standins.sfn.service_env import deploy_state_machines
 
     saved.update({k: os.environ.get(k) for k in deploy_state_machines(moto_server.url)})  # as the service process does
     from lambdas.api import handler

@@ -7,6 +7,7 @@ import textwrap
 import pytest
 
 from skyfn.protocol import pack_args, serialize_function
+from lambdas.adapters.redis_store.connection import redis_client
 
 
 def work(x):
@@ -60,7 +61,7 @@ def where(api, task_ids):
 def load(ep_id):
     from lambdas.core import deps
 
-    return {k.decode(): int(v) for k, v in deps.redis_client().hgetall(f"load:{ep_id}").items()}
+    return {k.decode(): int(v) for k, v in redis_client().hgetall(f"load:{ep_id}").items()}
 
 
 # --- create / read ----------------------------------------------------------------------
@@ -164,7 +165,7 @@ def test_shortest_backlog_fills_the_least_loaded_members(api, eps):
     # beta until it has alpha's 5; at a tie the earlier member (alpha); then beta again
     assert got == [eps["beta"]] * 5 + [eps["alpha"], eps["beta"]]
     assert load(eps["alpha"]) == {"_": 6} and load(eps["beta"]) == {"_": 6}
-    r = deps.redis_client()
+    r = redis_client()
     assert r.xlen(f"tasks:{eps['beta']}") >= 1  # queued on the chosen endpoint's own queue
 
 
@@ -230,7 +231,7 @@ def test_offline_members_are_skipped(api, eps):
         """)
     f = fn(api)
     assert where(api, submit(api, f, 1, group_id=g["group_id"])) == [eps["alpha"]]
-    deps.redis_client().hset(f"ep:{eps['alpha']}", "st", "offline")  # what the reaper does to a silent endpoint
+    redis_client().hset(f"ep:{eps['alpha']}", "st", "offline")  # what the reaper does to a silent endpoint
     assert where(api, submit(api, f, 2, group_id=g["group_id"])) == [eps["beta"]] * 2
 
 
@@ -262,7 +263,7 @@ def test_load_counters_return_to_zero_when_tasks_end(api, eps):
     assert load(eps["alpha"]) == {"t": 2}
     status, _ = api.call("DELETE", f"/tasks/{ids[1]}")
     assert status == 200 and load(eps["alpha"]) == {"t": 1}
-    deps.redis_client().hset(f"t:{ids[2]}", "mr", 0)
+    redis_client().hset(f"t:{ids[2]}", "mr", 0)
     store.progress([[ids[2], "DISPATCHED", 1.0, -10]])  # lease already expired
     assert store.expire_leases()[:2] == (0, 1)          # past its retries: FAILED
     assert load(eps["alpha"]) == {}

@@ -10,6 +10,9 @@ import pytest
 from skyfn.protocol import pack_args, serialize_function
 from skyfn.protocol.messages import ResultPack, TaskResult, TaskUpdate
 from tests.service.conftest import Context
+from tests.service.liveness import heard_long_ago
+from tests.service.sealing import sealed
+from lambdas.adapters.redis_store.connection import redis_client
 
 
 def inc(x):
@@ -37,20 +40,22 @@ def states(api, ids):
     return {tid: st["tasks"][tid]["state"] for tid in ids}, st
 
 
-def test_results_handler_partial_batch_failure_and_duplicates(api, submitted):
+def test_results_handler_drops_what_it_cannot_apply_and_duplicates(api, submitted):
+    """A body that is not a sealed pack is dropped, not redelivered (a retry cannot mend it)."""
     from lambdas.results import handler
 
     ep, ids = submitted
-    good = ResultPack(endpoint_id=ep, results=[TaskResult(task_id=ids[0], state="SUCCEEDED", result="json 3.11\n1",
-                                                         events=[("DISPATCHED", 1.0), ("RUNNING", 2.0), ("DONE", 3.0)])]).model_dump_json()
-    out = handler(sqs_event([good, "{broken", good]), Context())
-    assert out == {"batchItemFailures": [{"itemIdentifier": "m1"}]}
+    good = sealed(ep, ResultPack(endpoint_id=ep, results=[TaskResult(
+        task_id=ids[0], state="SUCCEEDED", result="json 3.11\n1",
+        events=[("DISPATCHED", 1.0), ("RUNNING", 2.0), ("DONE", 3.0)])]))
+    out = handler(sqs_event([good, "{broken", sealed(ep, "{broken"), good]), Context())
+    assert out == {"batchItemFailures": []}
     got, st = states(api, ids)
     assert got[ids[0]] == "SUCCEEDED" and st["tasks"][ids[0]]["result"] == "json 3.11\n1"
     names = [e[0] for e in st["tasks"][ids[0]]["events"]]
     assert names == ["CREATED", "QUEUED", "DISPATCHED", "RUNNING", "DONE", "SUCCEEDED", "STORED"]
     # a duplicate with another value never overwrites the stored result
-    dup = ResultPack(endpoint_id=ep, results=[TaskResult(task_id=ids[0], state="FAILED", reason="late")]).model_dump_json()
+    dup = sealed(ep, ResultPack(endpoint_id=ep, results=[TaskResult(task_id=ids[0], state="FAILED", reason="late")]))
     assert handler(sqs_event([dup]), Context()) == {"batchItemFailures": []}
     assert states(api, ids)[0][ids[0]] == "SUCCEEDED"
 
@@ -88,7 +93,7 @@ def test_reaper_marks_silent_endpoints_offline(api, submitted, monkeypatch):
 
     ep, _ = submitted
     api.call("POST", f"/endpoints/{ep}/heartbeat", {})
-    deps.redis_client().hset(f"ep:{ep}", "hb", time.time() - 3600)
+    heard_long_ago(ep)
     assert reap()["offline"] == 1
     assert api.call("GET", f"/endpoints/{ep}")[1]["status"] == "offline"
 
@@ -99,11 +104,11 @@ def test_reaper_finds_endpoints_by_their_index_and_rebuilds_a_missing_one(api, s
     from lambdas.reaper import reap
 
     ep, _ = submitted
-    r = deps.redis_client()
+    r = redis_client()
     assert r.sismember(registry.ALL_ENDPOINTS, ep)  # indexed when its record was cached
     r.delete(registry.ALL_ENDPOINTS)  # a store written before the index existed
     api.call("POST", f"/endpoints/{ep}/heartbeat", {})
-    r.hset(f"ep:{ep}", "hb", time.time() - 3600)
+    heard_long_ago(ep)
     assert reap()["offline"] == 1
     assert r.sismember(registry.ALL_ENDPOINTS, ep)  # scanned once, indexed again
     assert ep in registry.cached_endpoint_ids()
@@ -133,7 +138,7 @@ def test_history_flush_archives_then_redis_expires_final_records(api, other_api,
     ep, ids = submitted
     apply_pack(ResultPack(endpoint_id=ep, results=[TaskResult(task_id=t, state="SUCCEEDED", result="json 3.11\n0") for t in ids]))
     states(api, ids)  # retrieved: the records may leave Redis result_ttl later, once archived
-    r = deps.redis_client()
+    r = redis_client()
     assert [r.ttl(f"t:{t}") for t in ids] == [-1] * 4  # not before the durable history has them
     out = flush()
     assert out == {"taken": 5, "submissions": 1, "tasks": 4, "pages": 1}
@@ -158,7 +163,7 @@ def test_unarchived_records_never_expire(api, submitted):
     ep, ids = submitted
     apply_pack(ResultPack(endpoint_id=ep, results=[TaskResult(task_id=ids[0], state="SUCCEEDED", result="json 3.11\n0")]))
     states(api, [ids[0]])
-    r = deps.redis_client()
+    r = redis_client()
     assert r.exists(f"t:{ids[0]}") and r.ttl(f"t:{ids[0]}") == -1 and r.hget(f"t:{ids[0]}", "rt")
 
 
@@ -184,7 +189,7 @@ def test_service_on_sqs_queues(api, monkeypatch, unique):
     assert len(msgs) == 2 and all(f["function_id"] in p.functions for p in packs)
     results = ResultPack(endpoint_id=e["endpoint_id"], results=[
         TaskResult(task_id=t, state="SUCCEEDED", result="json 3.11\n1") for t in s["task_ids"]])
-    assert results_handler(sqs_event([results.model_dump_json()]), Context()) == {"batchItemFailures": []}
+    assert results_handler(sqs_event([sealed(e["endpoint_id"], results)]), Context()) == {"batchItemFailures": []}
     got, _ = states(api, s["task_ids"])
     assert set(got.values()) == {"SUCCEEDED"}
 
@@ -231,7 +236,7 @@ def test_a_store_from_before_record_expiry_gets_its_purge_index_turned_into_expi
     from lambdas.reaper import reap
 
     _, ids = submitted
-    r = deps.redis_client()
+    r = redis_client()
     r.hset(f"t:{ids[0]}", "h", 1)
     at = time.time() + 300
     r.zadd("purge", {ids[0]: at, ids[1]: at})

@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 from skyfn.protocol.ids import uuid7s
+from lambdas.adapters.redis_store.connection import redis_client
 
 T0 = 1_790_000_000.0  # a fixed time, minutes apart below
 
@@ -95,7 +96,7 @@ def test_the_drain_keeps_going_while_the_outbox_holds_work(service_env, api, mon
     deps.reset()
     out = history.handler({}, Context())
     assert (out["batches"], out["tasks"], store.outbox_length(), store.archived_count()) == (3, 5_000, 0, 5_000)
-    r = deps.redis_client()
+    r = redis_client()
     assert 0 < r.ttl(f"t:{ids[0]}") <= 600 and r.ttl(f"t:{ids[-1]}") > 6 * 86400  # read / never read
     assert len(deps.dynamo().get_tasks("alice", ids[::50])) == 100
 
@@ -126,7 +127,7 @@ def test_a_drain_batch_holds_redis_a_slice_at_a_time(service_env):
     from lambdas.core import deps
 
     store = deps.store()
-    r = deps.redis_client()
+    r = redis_client()
     now = time.time()
     ids = uuid7s(1_000)
     store.create("alice", "sub-1", [[t, "fn", "ep1", 0] for t in ids], now, now)

@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from skyfn.protocol import pack_args, serialize_function
+from lambdas.adapters.redis_store.connection import redis_client
 
 
 def triple(x):
@@ -44,7 +45,7 @@ def _states(ids):
 def test_retry_after_the_queue_failed_sends_the_stored_tasks_once(api, fn_id, ep_id):
     from lambdas.core import deps
 
-    r = deps.redis_client()
+    r = redis_client()
     stream = f"tasks:{ep_id}"
     r.delete(stream)
     r.set(stream, "not a stream")  # XADD now fails: the attempt stores its tasks, then cannot queue them
@@ -74,7 +75,7 @@ def test_retry_of_an_attempt_that_died_before_answering_resends_only_queued_task
     assert status == 202
     ids = body["task_ids"]
     apply_pack(ResultPack(endpoint_id=ep_id, results=[TaskResult(task_id=ids[0], state="SUCCEEDED", result="json 3.11\n0")]))
-    r = deps.redis_client()
+    r = redis_client()
     # as if the service died after queueing, before storing its answer
     r.delete("idem:alice:k-died")
     r.delete(f"tasks:{ep_id}")
@@ -93,7 +94,7 @@ def test_retry_of_an_attempt_that_died_between_the_slices_of_its_create(api, fn_
     from lambdas.adapters.redis_store.rows import SLICE
     from lambdas.core import deps
 
-    r = deps.redis_client()
+    r = redis_client()
     status, body = api.call("POST", "/tasks", _request(ep_id, fn_id, "k-sliced", n=SLICE + 40))
     assert status == 202
     ids = body["task_ids"]
@@ -140,7 +141,7 @@ def test_a_keyed_answer_is_kept_as_its_task_count_and_replays_the_same_ids(api, 
 
     status, first = api.call("POST", "/tasks", _request(ep_id, fn_id, key, n=50))
     assert status == 202 and len(first["task_ids"]) == 50
-    assert deps.redis_client().get(f"idem:alice:{key}") == b"k:50"
+    assert redis_client().get(f"idem:alice:{key}") == b"k:50"
     status, again = api.call("POST", "/tasks", _request(ep_id, fn_id, key, n=50))
     assert status == 200 and again["replayed"] is True
     assert (again["submission_id"], again["task_ids"]) == (first["submission_id"], first["task_ids"])

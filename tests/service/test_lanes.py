@@ -21,6 +21,8 @@ from skyfn.protocol.messages import ResultPack, TaskResult
 from skyfn.protocol.queues import open_queue
 from skyfn.protocol.user_config import config_key
 from tests.service.conftest import SECRET, Api, Context
+from tests.service.sealing import sealed
+from lambdas.adapters.redis_store.connection import redis_client
 
 LANE = lane_name("alice-0123456789ab")
 OTHER_LANE = lane_name("carol-0123456789ab")
@@ -66,7 +68,7 @@ def queued(name: str) -> list[str]:
     """Task ids of the packs waiting in a stream (read as the service, nothing taken)."""
     from lambdas.core import deps
 
-    return [t["task_id"] for _, fields in deps.redis_client().xrange(name)
+    return [t["task_id"] for _, fields in redis_client().xrange(name)
             for t in json.loads(fields[b"b"])["tasks"]]
 
 
@@ -108,7 +110,7 @@ def test_bind_answers_the_lane_queue_logins_and_is_idempotent(site):
     assert again["identities"] == ["alice", "bob"]
     from lambdas.core import deps
 
-    r = deps.redis_client()
+    r = redis_client()
     assert r.hgetall(f"lanes:{ep}") == {f"alice {config_key(ALICE_CONFIG)}".encode(): LANE.encode(),
                                         b"bob none": LANE.encode()}
     assert r.smembers(f"lane:{ep}:{LANE}:ids") == {b"alice", b"bob"}
@@ -164,8 +166,8 @@ def test_only_the_endpoints_own_agent_binds_and_closes(site, api):
         assert status == 403, err
     from lambdas.core import deps
 
-    assert deps.redis_client().hget(f"lanes:{ep}", "alice none") is None
-    assert deps.redis_client().exists(f"lane:{ep}:{LANE}") == 1  # still open
+    assert redis_client().hget(f"lanes:{ep}", "alice none") is None
+    assert redis_client().exists(f"lane:{ep}:{LANE}") == 1  # still open
 
 
 def test_bad_bodies_and_ordinary_endpoints_are_refused(site, api):
@@ -203,7 +205,7 @@ def test_a_bound_submitters_tasks_go_to_the_lane(site, api):
     # the pack in the lane is the pack the endpoint would have got
     from lambdas.core import deps
 
-    _, fields = deps.redis_client().xrange(lane_queue)[0]
+    _, fields = redis_client().xrange(lane_queue)[0]
     pack = json.loads(fields[b"b"])
     assert pack["endpoint_id"] == ep and pack["identity"]["id"] == "alice" and pack["user_config"] == ALICE_CONFIG
     assert {task(api, t)["state"] for t in to_lane} == {"QUEUED"}
@@ -231,7 +233,7 @@ def test_sealed_results_apply_only_with_the_lanes_key_to_its_identities_tasks(si
     open_queue(granted["results_queue"], consumer="ua").send([seal(LANE, mac_key, result_pack(ep, a1, value=2))])
     from lambdas.core import deps
 
-    [(_, fields)] = deps.redis_client().xrange("results")
+    [(_, fields)] = redis_client().xrange("results")
     assert deliver(fields[b"b"]) == {"batchItemFailures": []}
     assert task(api, a1)["state"] == "SUCCEEDED" and task(api, a1)["result"] == "json 3.11\n2"
     # a wrong MAC, another lane's key, an unknown lane, garbage: dropped, never retried
@@ -252,8 +254,12 @@ def test_sealed_results_apply_only_with_the_lanes_key_to_its_identities_tasks(si
     [o1] = submit(api, {**site, "ep": other["endpoint_id"]}, user_config=None)
     assert deliver(seal(LANE, mac_key, result_pack(other["endpoint_id"], o1))) == {"batchItemFailures": []}
     assert task(api, o1)["state"] == "QUEUED"
-    # unsealed packs are applied as ever
-    assert deliver(result_pack(ep, a2, value=5)) == {"batchItemFailures": []}
+    # an unsealed pack naming the multi-user endpoint is refused (the results stream is
+    # shared: it says nothing of who sent it); sealed with the endpoint's own credential's
+    # key (its privileged process) it is applied
+    assert deliver(result_pack(ep, a2, value=4)) == {"batchItemFailures": []}
+    assert task(api, a2)["state"] == "QUEUED"
+    assert deliver(sealed(ep, result_pack(ep, a2, value=5)).encode()) == {"batchItemFailures": []}
     assert task(api, a2)["result"] == "json 3.11\n5"
 
 
@@ -287,7 +293,7 @@ def test_close_unbinds_ends_the_login_and_submissions_go_to_the_endpoint(site, a
     assert status == 200 and closed == {"lane": LANE, "unbound": 2}
     from lambdas.core import deps
 
-    r = deps.redis_client()
+    r = redis_client()
     assert r.hgetall(f"lanes:{ep}") == {f"carol {config_key(ALICE_CONFIG)}".encode(): OTHER_LANE.encode()}
     assert not r.exists(f"lane:{ep}:{LANE}", f"lane:{ep}:{LANE}:ids")
     with pytest.raises((redis.exceptions.ConnectionError, redis.exceptions.AuthenticationError)):
@@ -314,7 +320,7 @@ def test_revoking_the_credential_closes_every_lane(site, api):
             redis.Redis.from_url(g["task_queue"]["url"]).ping()
     from lambdas.core import deps
 
-    r = deps.redis_client()
+    r = redis_client()
     assert r.hgetall(f"lanes:{ep}") == {}
     assert not r.exists(f"lane:{ep}:{LANE}", f"lane:{ep}:{OTHER_LANE}")
     [tid] = submit(api, site)
@@ -335,11 +341,31 @@ def test_the_reaper_fails_a_lane_queues_dead_letters_and_forgets_a_drained_close
     assert reap()["dead_lettered"] == 1
     info = task(api, tid)
     assert info["state"] == "FAILED" and f"dead-lettered after 1 deliveries to endpoint {ep}" in info["reason"]
-    r = deps.redis_client()
+    r = redis_client()
     assert r.smembers(f"lanes:{ep}:queues") == {LANE.encode()}  # open: still watched
     assert site["agent"].call("DELETE", f"/endpoints/{ep}/lanes/{LANE}")[0] == 200
     reap()
     assert r.smembers(f"lanes:{ep}:queues") == set()  # closed and empty: forgotten
+
+
+def test_a_lanes_dead_letter_naming_another_users_task_fails_only_the_lanes_own(site, api):
+    """The lane's login may add to its own dead-letter stream (its receive dead-letters there):
+    a dead letter it writes itself naming bob's task (bob is not bound to the lane) leaves
+    bob's task alone; alice's task in the same forged letter is hers to fail."""
+    from lambdas.reaper import reap
+
+    ep = site["ep"]
+    granted = bind(site)
+    [mine] = submit(api, site)
+    bob = Api(mint_token(SECRET, "bob"))
+    [theirs] = submit(bob, site)
+    lane_q = open_queue(granted["task_queue"], consumer="ua")
+    forged = json.dumps({"tasks": [{"task_id": theirs}, {"task_id": mine}]})
+    lane_q._client.xadd(f"{granted['task_queue']['name']}:dlq", {"id": "0-1", "b": forged, "n": 9})
+    assert reap()["dead_lettered"] == 1
+    assert task(bob, theirs)["state"] == "QUEUED"
+    info = task(api, mine)
+    assert info["state"] == "FAILED" and "dead-lettered after 9 deliveries" in info["reason"]
 
 
 # --- where lanes cannot be -------------------------------------------------------------------

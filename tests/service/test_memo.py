@@ -13,6 +13,7 @@ from lambdas.results import apply_pack
 from skyfn.protocol import blobs, pack_args, serialize, serialize_function
 from skyfn.protocol.messages import ResultPack, TaskResult
 from skyfn.protocol.queues import open_queue
+from lambdas.adapters.redis_store.connection import redis_client
 
 
 def square(x):
@@ -57,7 +58,7 @@ def info(api, tid):
 
 
 def queued_packs(ep) -> int:
-    return deps.redis_client().xlen(ep["task_queue"]["name"])
+    return redis_client().xlen(ep["task_queue"]["name"])
 
 
 def test_repeat_call_is_answered_from_the_cache_without_a_dispatch(api, ep):

@@ -13,6 +13,7 @@ import pytest
 
 from skyfn.protocol import pack_args, serialize_function
 from skyfn.protocol.messages import ResultPack, TaskResult
+from lambdas.adapters.redis_store.connection import redis_client
 
 RESULT_TTL = 1.0
 UNRETRIEVED_TTL = 7 * 86400.0
@@ -59,7 +60,7 @@ def kept(task_id):
     """(retrieved-at mark, when Redis expires the record: None while it has no expiry)."""
     from lambdas.core import deps
 
-    r = deps.redis_client()
+    r = redis_client()
     at = r.pexpiretime(f"t:{task_id}")
     return r.hget(f"t:{task_id}", "rt"), (at / 1000 if at > 0 else None)
 
@@ -90,7 +91,7 @@ def test_peek_reads_leave_the_result_unread_and_only_the_read_one_expires_after_
     assert kept(read) == (rt, pytest.approx(float(rt) + RESULT_TTL, abs=0.01))
     assert kept(peeked) == (None, pytest.approx(archived + UNRETRIEVED_TTL, abs=5))
     time.sleep(RESULT_TTL + 0.2)
-    r = deps.redis_client()
+    r = redis_client()
     assert not r.exists(f"t:{read}") and r.exists(f"t:{peeked}") and r.exists(f"t:{untouched}")
 
     got = status(api, [peeked, read, untouched], peek=True)
@@ -117,7 +118,7 @@ def test_the_sdk_raises_result_expired_on_the_service_answer(short_ttl, finished
     status(api, ids)
     flush()
     time.sleep(RESULT_TTL + 0.2)
-    assert not deps.redis_client().exists(f"t:{ids[0]}")
+    assert not redis_client().exists(f"t:{ids[0]}")
     answer = status(api, ids)[ids[0]]
     ok, exc = task_outcome(ids[0], answer)
     assert not ok and isinstance(exc, ResultExpired) and isinstance(exc, LookupError)
@@ -157,7 +158,7 @@ def test_failed_tasks_read_from_the_history_are_not_expired_results(short_ttl):
     status(api, [tid])
     flush()
     time.sleep(RESULT_TTL + 0.2)
-    assert not deps.redis_client().exists(f"t:{tid}")
+    assert not redis_client().exists(f"t:{tid}")
     got = status(api, [tid])[tid]
     assert got["state"] == "FAILED" and got["reason"] == "the node went away" and "result_expired" not in got
 
@@ -204,7 +205,7 @@ def test_get_task_with_peek_leaves_the_result_past_the_retention_window(short_tt
         rt, expires = kept(task_id)
         assert expires == pytest.approx(float(rt) + RESULT_TTL, abs=0.01)
     time.sleep(RESULT_TTL + 0.2)  # past the retention window of a read result
-    assert [deps.redis_client().exists(f"t:{t}") for t in (peeked, read, defaulted)] == [1, 0, 0]
+    assert [redis_client().exists(f"t:{t}") for t in (peeked, read, defaulted)] == [1, 0, 0]
     code, info = _get(api, peeked)
     assert code == 200 and info["result"] == "json 3.11\n1" and "result_expired" not in info
     for task_id in (read, defaulted):
@@ -225,7 +226,7 @@ def test_get_task_peek_is_true_or_false(short_ttl, finished, query):
 
 
 def test_the_sdk_get_task_peeks_through_the_gateway(short_ttl, finished):
-    from infra.local.gateway import Gateway
+    from infra.local.standins.gateway import Gateway
     from lambdas.api import handler
     from skyfn import Client
 

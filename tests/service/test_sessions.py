@@ -18,7 +18,9 @@ from skyfn.protocol import pack_args, serialize_function
 from skyfn.protocol.direct import body_digest, new_session_key, verify_token
 from skyfn.protocol.messages import ResultPack, TaskPack, TaskResult
 from tests.service.conftest import Api
+from tests.service.liveness import heard_long_ago
 from tests.service.test_final_state_push import Pushes
+from lambdas.adapters.redis_store.connection import redis_client
 
 SERVER_KEY = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"  # a Z85 public key (40 characters)
 
@@ -54,7 +56,7 @@ def publish(world, direct: dict | None) -> dict:
 
 
 def stored_channel(ep: str):
-    raw = deps.redis_client().get(f"epdirect:{ep}")
+    raw = redis_client().get(f"epdirect:{ep}")
     return json.loads(raw) if raw else None
 
 
@@ -80,16 +82,16 @@ def test_only_the_agent_and_its_owner_publish_the_channel_and_it_lives_three_tim
     mine = channel()
     publish(world, mine)
     assert stored_channel(ep) == mine
-    ttl = deps.redis_client().ttl(f"epdirect:{ep}")
+    ttl = redis_client().ttl(f"epdirect:{ep}")
     assert 80 < ttl <= 90  # 3 x SKYFN_HEARTBEAT_TIMEOUT (30 s)
     # a grantee's heartbeat neither replaces nor withdraws it; the owner's without one keeps it
     assert other_api.call("POST", f"/endpoints/{ep}/heartbeat", {"stats": {}, "direct": channel(9)})[0] == 200
     assert api.call("POST", f"/endpoints/{ep}/heartbeat", {"stats": {}})[0] == 200
     assert stored_channel(ep) == mine
     # each agent heartbeat renews it; one without it withdraws it
-    deps.redis_client().expire(f"epdirect:{ep}", 5)
+    redis_client().expire(f"epdirect:{ep}", 5)
     publish(world, mine)
-    assert deps.redis_client().ttl(f"epdirect:{ep}") > 80
+    assert redis_client().ttl(f"epdirect:{ep}") > 80
     publish(world, None)
     assert stored_channel(ep) is None
 
@@ -98,7 +100,7 @@ def test_a_silent_agents_channel_is_withdrawn_when_it_goes_offline(api, world):
     from lambdas.core.tasks import registry
 
     publish(world, channel())
-    deps.redis_client().hset(f"ep:{world['ep']}", "hb", f"{time.time() - 3600:.6f}")
+    heard_long_ago(world["ep"])
     assert world["ep"] in registry.mark_silent_endpoints_offline()
     assert stored_channel(world["ep"]) is None
     status, body = open_session(api, world["ep"], world["fns"][:1])
@@ -121,7 +123,7 @@ def test_the_channel_ttl_follows_the_heartbeat_timeout(api, world, monkeypatch):
     monkeypatch.setenv("SKYFN_HEARTBEAT_TIMEOUT", "0.5")
     deps.reset()
     publish(world, channel())
-    assert 0 < deps.redis_client().pttl(f"epdirect:{world['ep']}") <= 2000  # 3 x 0.5 s, in whole seconds
+    assert 0 < redis_client().pttl(f"epdirect:{world['ep']}") <= 2000  # 3 x 0.5 s, in whole seconds
     time.sleep(2.2)
     assert stored_channel(world["ep"]) is None
 
@@ -153,7 +155,8 @@ def test_a_session_token_verifies_with_the_published_key_over_the_bodies_the_age
     before = time.time()
     status, opened = open_session(api, world["ep"], world["fns"])
     assert status == 201, opened
-    assert set(opened) == {"session_id", "endpoint_id", "address", "server_key", "token", "expires_at"}
+    assert set(opened) == {"session_id", "endpoint_id", "address", "server_key", "token", "expires_at", "rendezvous"}
+    assert opened["rendezvous"] is None  # the agent does not listen at a rendezvous server
     assert opened["endpoint_id"] == world["ep"] and opened["address"] == key["address"]
     assert opened["server_key"] == SERVER_KEY and uuid.UUID(opened["session_id"]).version == 4
     assert before + 899 <= opened["expires_at"] <= time.time() + 901  # DEFAULT_SESSION_TTL_S
@@ -163,7 +166,7 @@ def test_a_session_token_verifies_with_the_published_key_over_the_bodies_the_age
     for fid in world["fns"]:
         assert submit(api, world["ep"], fid)[0] == 202
     bodies, meta = {}, {}
-    for _, fields in deps.redis_client().xrange(world["reg"]["task_queue"]["name"]):
+    for _, fields in redis_client().xrange(world["reg"]["task_queue"]["name"]):
         pack = TaskPack.model_validate_json(fields[b"b"])
         bodies.update(pack.functions)
         meta.update(pack.function_meta)
@@ -172,7 +175,7 @@ def test_a_session_token_verifies_with_the_published_key_over_the_bodies_the_age
     assert claims["fnm"] == {fid: [meta[fid]["owner"], meta[fid]["name"]] for fid in world["fns"]}
     assert claims["fnm"] == dict(zip(world["fns"], (["alice", "inc"], ["alice", "dec"])))
     # the session record: its owner, endpoint and functions, kept past the token for late results
-    r = deps.redis_client()
+    r = redis_client()
     rec = r.hgetall(f"ds:{opened['session_id']}")
     assert rec == {b"o": b"alice", b"e": world["ep"].encode(), **{f"f:{f}".encode(): b"1" for f in world["fns"]}}
     assert 900 + 6 * 3600 - 5 < r.ttl(f"ds:{opened['session_id']}") <= 900 + 6 * 3600
@@ -192,9 +195,10 @@ def test_the_session_ttl_is_configured(api, world, monkeypatch):
 def test_no_published_channel_is_409_naming_the_fix(api, world):
     status, body = open_session(api, world["ep"], world["fns"])
     assert status == 409 and body["error"] == "no_direct_channel"
-    assert body["message"] == (f"endpoint {world['ep']} takes no direct sessions: its agent is offline or has no "
-                               "`direct:` section in its config.yaml; submit through POST /tasks")
-    assert not list(deps.redis_client().scan_iter(match="ds:*"))
+    assert body["message"] == (f"endpoint {world['ep']} takes no direct sessions: its agent is offline, has no "
+                               "`direct:` section in its config.yaml, or opens no port (direct.reach: rendezvous) "
+                               "while this deployment runs no rendezvous server; submit through POST /tasks")
+    assert not list(redis_client().scan_iter(match="ds:*"))
 
 
 def test_refusals_are_post_tasks_refusals(api, other_api, world):
@@ -250,7 +254,7 @@ def test_bad_bodies_are_422_naming_the_field(api, world):
         assert status == 422 and answer["error"] == "invalid_request" and field in answer["message"], (body, answer)
     status, answer = api.call("POST", path, raw="{not json")
     assert status == 422, answer
-    assert not list(deps.redis_client().scan_iter(match="ds:*"))
+    assert not list(redis_client().scan_iter(match="ds:*"))
 
 
 def test_the_route_is_in_the_openapi_document(api):
@@ -305,7 +309,7 @@ def test_direct_results_are_recorded_for_the_sessions_owner(api, other_api, worl
     assert other_api.call("GET", "/tasks")[1]["tasks"] == []
     from lambdas.core.tasks.stage_metrics import stage_means
 
-    means, measured = stage_means([deps.redis_client().hget(f"t:{ok.task_id}", "ev").decode()])
+    means, measured = stage_means([redis_client().hget(f"t:{ok.task_id}", "ev").decode()])
     assert measured == 1 and all(v >= 0 for v in means.values())
     assert means["StageServiceMs"] == means["StageQueueMs"] == 0 and means["StageRunMs"] == pytest.approx(10, abs=1)
 
@@ -315,7 +319,7 @@ def test_direct_tasks_reach_the_durable_history_and_expire_after_it(api, world, 
 
     ok = direct_result(session, world["fns"][0], result="json 3.11\n2")
     assert apply(world["ep"], ok) == (1, 0, 0)
-    r = deps.redis_client()
+    r = redis_client()
     assert r.hget(f"t:{ok.task_id}", "rt") is not None and r.ttl(f"t:{ok.task_id}") == -1  # read, not archived
     assert history.flush()["tasks"] >= 1
     # the SDK had the result: once archived, the record expires SKYFN_RESULT_TTL after it was stored
@@ -333,7 +337,7 @@ def test_direct_tasks_reach_the_durable_history_and_expire_after_it(api, world, 
 def test_a_redelivered_pack_counts_duplicates_and_overwrites_nothing(world, session):
     ok = direct_result(session, world["fns"][0], result="json 3.11\n2")
     assert apply(world["ep"], ok) == (1, 0, 0)
-    r = deps.redis_client()
+    r = redis_client()
     before = r.hgetall(f"t:{ok.task_id}")
     outbox = r.llen("outbox")
     changed = ok.model_copy(update={"result": "json 3.11\n99", "state": "FAILED"})
@@ -365,7 +369,7 @@ def test_unknown_and_foreign_sessions_and_functions_are_dropped(api, world, sess
     kept = direct_result(session, fid)
     assert apply(ep, *dropped, kept) == (1, 0, 5)
     for r in dropped:
-        assert not deps.redis_client().exists(f"t:{r.task_id}")
+        assert not redis_client().exists(f"t:{r.task_id}")
         assert api.call("GET", f"/tasks/{r.task_id}")[0] == 404
     assert api.call("GET", f"/tasks/{kept.task_id}")[1]["owner"] == "alice"
 
@@ -397,5 +401,54 @@ def test_a_session_outlives_its_token_for_late_results_only(api, world, monkeypa
     _, opened = open_session(api, world["ep"], world["fns"][:1])
     time.sleep(1.1)  # the token has expired; the agent's late report is still recorded
     assert apply(world["ep"], direct_result(opened, world["fns"][0], result="json 3.11\n2")) == (1, 0, 0)
-    deps.redis_client().delete(f"ds:{opened['session_id']}")  # past the grace
+    redis_client().delete(f"ds:{opened['session_id']}")  # past the grace
     assert apply(world["ep"], direct_result(opened, world["fns"][0])) == (0, 0, 1)
+
+
+# --- through the rendezvous server (skyfn.protocol.direct_path, issue 40) -------------------------
+@pytest.fixture
+def rendezvous_env(monkeypatch):
+    monkeypatch.setenv("SKYFN_RENDEZVOUS_ADDRESS", "rdv.example.org:7300")
+    monkeypatch.setenv("SKYFN_RENDEZVOUS_SECRET", "rdv-secret")
+
+
+def test_an_agent_gets_its_listen_ticket_and_a_user_token_does_not(api, world, rendezvous_env):
+    from rendezvous.tokens import TokenError, verify_token as verify_group_token
+
+    status, ticket = world["agent"].call("POST", f"/endpoints/{world['ep']}/direct/listen")
+    assert status == 200, ticket
+    assert ticket["address"] == "rdv.example.org:7300" and ticket["name"] == f"direct.{world['ep']}"
+    verify_group_token("rdv-secret", ticket["name"], ticket["token"])
+    with pytest.raises(TokenError):
+        verify_group_token("rdv-secret", f"direct.{uuid.uuid4()}", ticket["token"])
+    status, err = api.call("POST", f"/endpoints/{world['ep']}/direct/listen")
+    assert status == 403 and "own agent" in err["message"], err
+
+
+def test_without_a_rendezvous_server_the_listen_ticket_is_a_404_naming_the_fix(api, world, monkeypatch):
+    monkeypatch.delenv("SKYFN_RENDEZVOUS_ADDRESS", raising=False)
+    status, err = world["agent"].call("POST", f"/endpoints/{world['ep']}/direct/listen")
+    assert status == 404 and err["error"] == "rendezvous_not_configured" and "direct.reach" in err["message"], err
+
+
+def test_a_session_on_an_agent_without_a_port_carries_its_path_ticket(api, world, rendezvous_env):
+    from rendezvous.tokens import verify_call_token
+    from skyfn.protocol.direct_path import caller_of, path_key
+
+    key = dict(channel(), address=None, rendezvous=True)
+    publish(world, key)
+    status, opened = open_session(api, world["ep"], world["fns"])
+    assert status == 201, opened
+    t = opened["rendezvous"]
+    assert opened["address"] is None and t["address"] == "rdv.example.org:7300"
+    assert t["name"] == f"direct.{world['ep']}" and t["caller"] == caller_of(opened["session_id"], "alice")
+    verify_call_token("rdv-secret", t["name"], t["caller"], t["token"])  # the rendezvous server admits this caller
+    assert t["path_key"] == path_key(key["session_key"], world["ep"], t["caller"], t["expires"])
+    assert t["expires"] == opened["expires_at"] and key["session_key"] not in json.dumps(opened)
+
+
+def test_an_agent_without_a_port_and_no_rendezvous_server_takes_no_sessions(api, world, monkeypatch):
+    monkeypatch.delenv("SKYFN_RENDEZVOUS_ADDRESS", raising=False)
+    publish(world, dict(channel(), address=None, rendezvous=True))
+    status, err = open_session(api, world["ep"], world["fns"])
+    assert status == 409 and err["error"] == "no_direct_channel" and "rendezvous server" in err["message"], err

@@ -12,6 +12,7 @@ import pytest
 from lambdas.auth import mint_token
 from skyfn.protocol import pack_args, serialize_function
 from tests.service.conftest import SECRET, Api
+from lambdas.adapters.redis_store.connection import redis_client
 
 
 def inc(x):
@@ -127,12 +128,11 @@ def test_revoke_takes_effect_on_the_next_request(world, api, bob):
 
 def test_revoke_holds_when_the_cache_is_lost(world, api, bob):
     """Grants are durable in DynamoDB; the Redis copy is refilled from it, revocations included."""
-    from lambdas.core import deps
 
     api.call("POST", f"/shares/endpoints/{world['ep']}", {"principal": "user:bob", "role": "run"})
     api.call("POST", f"/shares/endpoints/{world['ep']}", {"principal": "user:carol", "role": "run"})
     api.call("DELETE", f"/shares/endpoints/{world['ep']}/user:bob")
-    deps.redis_client().delete(f"share:endpoint:{world['ep']}")
+    redis_client().delete(f"share:endpoint:{world['ep']}")
     assert bob.call("GET", f"/endpoints/{world['ep']}")[0] == 404
     carol = Api(mint_token(SECRET, "carol"))
     assert carol.call("GET", f"/endpoints/{world['ep']}")[0] == 200
@@ -168,7 +168,6 @@ def test_sharing_with_the_owner_is_refused(world, api):
 
 def test_task_audit_names_submitter_endpoint_and_every_state(world, api):
     from lambdas import history
-    from lambdas.core import deps
     from lambdas.results import apply_pack
     from skyfn.protocol.messages import ResultPack, TaskResult, TaskUpdate
 
@@ -183,7 +182,7 @@ def test_task_audit_names_submitter_endpoint_and_every_state(world, api):
     assert audit["reason"] == "boom" and "result" not in audit
     # once purged from Redis, the durable history answers the same
     history.flush()
-    deps.redis_client().delete(f"t:{tid}")
+    redis_client().delete(f"t:{tid}")
     status, durable = api.call("GET", f"/tasks/{tid}/audit")
     assert status == 200 and durable["events"] == audit["events"] and durable["submitter"] == "alice"
 

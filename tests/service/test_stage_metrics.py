@@ -8,7 +8,9 @@ import math
 import pytest
 
 from skyfn.protocol.messages import ResultPack, TaskResult
+from tests.service.sealing import sealed
 from tests.service.test_handlers import submitted  # noqa: F401 - the fixture
+from lambdas.adapters.redis_store.connection import redis_client
 
 
 def test_stage_means_from_events():
@@ -46,12 +48,11 @@ def test_results_function_emits_stage_metrics_and_pushes(api, submitted, monkeyp
     from aws_lambda_powertools import Metrics
 
     from lambdas import results
-    from lambdas.core import deps
     from skyfn.protocol.push import CHANNEL_PREFIX
 
     ep, ids = submitted
     monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "false")
-    pubsub = deps.redis_client().pubsub()
+    pubsub = redis_client().pubsub()
     pubsub.psubscribe(CHANNEL_PREFIX + "*")
     pubsub.get_message(timeout=2)
     metrics = Metrics(namespace="skyfn", service="results")
@@ -59,7 +60,7 @@ def test_results_function_emits_stage_metrics_and_pushes(api, submitted, monkeyp
     pack = ResultPack(endpoint_id=ep, results=[
         TaskResult(task_id=tid, state="SUCCEEDED", result=f"json 3.11\n{i}",
                    events=[("DISPATCHED", 1.0), ("RUNNING", 2.0), ("DONE", 2.5)]) for i, tid in enumerate(ids[:3])])
-    results.record_handler(type("R", (), {"body": pack.model_dump_json()})())
+    results.record_handler(type("R", (), {"body": sealed(ep, pack)})())
     emf = metrics.serialize_metric_set()
     names = {m["Name"] for m in emf["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
     assert {"ResultsStored", "StageRunMs", "TaskTotalMs", "TasksMeasured", "StageServiceMs"} <= names

@@ -28,6 +28,7 @@ from skyfn.protocol.messages import TaskPack
 from skyfn.protocol.user_config import MAX_USER_CONFIG_BYTES, MAX_USER_CONFIG_DEPTH
 from tests.service.conftest import SECRET, Api, Context, api_event
 from tests.service.oidc_issuer import Issuer
+from lambdas.adapters.redis_store.connection import redis_client
 
 
 def double(x):
@@ -35,7 +36,7 @@ def double(x):
 
 
 def queued_packs(ep: dict) -> list[TaskPack]:
-    entries = deps.redis_client().xrange(ep["task_queue"]["name"])
+    entries = redis_client().xrange(ep["task_queue"]["name"])
     return [TaskPack.model_validate_json(fields[b"b"]) for _, fields in entries]
 
 
@@ -175,12 +176,12 @@ def test_every_pack_carries_the_identity_and_the_user_config_unchanged(service_e
     assert status == 202
     last = queued_packs(ep)[-1]
     assert last.user_config is None and last.identity.id == "alice"
-    raw = json.loads(deps.redis_client().xrange(ep["task_queue"]["name"])[-1][1][b"b"])
+    raw = json.loads(redis_client().xrange(ep["task_queue"]["name"])[-1][1][b"b"])
     assert "user_config" not in raw
 
 
 def test_claims_are_kept_per_user_and_written_only_when_they_change(service_env):
-    r = deps.redis_client()
+    r = redis_client()
     api = Api(mint_token(SECRET, "carol", username="carol", email="carol@a.org", identity_provider="skyfn-local"))
     fid, ep = setup_objects(api)
     assert submit(api, fid, ep)[0] == 202
@@ -207,7 +208,7 @@ def test_tasks_submitted_without_a_token_carry_the_owners_kept_claims(service_en
 
     api = Api(mint_token(SECRET, "dave", username="dave", email="dave@example.org", identity_provider="skyfn-local"))
     fid, ep = setup_objects(api)
-    deps.redis_client().hset(f"ep:{ep['endpoint_id']}", "st", "online")
+    redis_client().hset(f"ep:{ep['endpoint_id']}", "st", "online")
     assert submit(api, fid, ep)[0] == 202  # the claims are seen (and kept) here
     answer = steps.submit({"owner": "dave", "endpoint_id": ep["endpoint_id"], "function_id": fid, "args": [3]})
     pack = queued_packs(ep)[-1]
@@ -219,8 +220,8 @@ def test_tasks_submitted_without_a_token_carry_the_owners_kept_claims(service_en
     # a user whose claims were never seen: {id} only
     api_e = Api(mint_token(SECRET, "erin"))
     fid_e, ep_e = setup_objects(api_e, "erin-ep")
-    deps.redis_client().hset(f"ep:{ep_e['endpoint_id']}", "st", "online")
-    deps.redis_client().delete("claims:erin")  # (her registration calls kept nothing; make sure)
+    redis_client().hset(f"ep:{ep_e['endpoint_id']}", "st", "online")
+    redis_client().delete("claims:erin")  # (her registration calls kept nothing; make sure)
     steps.submit({"owner": "erin", "endpoint_id": ep_e["endpoint_id"], "function_id": fid_e, "args": [1]})
     assert queued_packs(ep_e)[-1].identity.model_dump() == {"id": "erin", "username": None, "email": None,
                                                             "identity_provider": None}
@@ -231,7 +232,7 @@ def test_a_batch_run_remembers_the_claims_for_its_chunks(service_env):
     (lambdas/core/runs/batches.route_chunk -> tasks.submit(owner, ...), as steps.submit above)."""
     api = Api(mint_token(SECRET, "frank", username="frank", email="frank@x.org", identity_provider="skyfn-local"))
     fid, ep = setup_objects(api)
-    deps.redis_client().delete("claims:frank")
+    redis_client().delete("claims:frank")
     api.call("POST", "/batches", {"endpoint_id": ep["endpoint_id"], "function_id": fid,
                                   "payloads": [pack_args((1,), {})]})  # may fail without Step Functions: kept first
     assert submitters.known("frank") == {"username": "frank", "email": "frank@x.org",
@@ -357,7 +358,7 @@ def test_skyfn_local_token_puts_the_email_claim_in_the_token(service_env, tmp_pa
 @pytest.fixture
 def gateway(service_env, tmp_path, monkeypatch):
     """The real API handler behind the embedded gateway (real HTTP), for the SDK."""
-    from infra.local.gateway import Gateway
+    from infra.local.standins.gateway import Gateway
     from lambdas.api import handler
 
     monkeypatch.setenv("SKYFN_HOME", str(tmp_path / "home"))

@@ -91,8 +91,9 @@ def recv_all(sock: zmq.Socket, timeout: float = 0.5) -> list[list[bytes]]:
 def task_record(task_id: str, pack: int, *, fn: str = "f1", route=None, recv: float = 100.0) -> list:
     """A task record (endpoint_agent/task_record.py) as the intake makes it."""
     from endpoint_agent.interchange.state import PLAIN
+    from endpoint_agent.task_record import new_record
 
-    return [task_id, fn, f"payload-{task_id}", None, pack, recv, 0, PLAIN if route is None else route, None]
+    return new_record(task_id, fn, f"payload-{task_id}", None, pack, recv, PLAIN if route is None else route)
 
 
 # --- the manager's parts ------------------------------------------------------------------

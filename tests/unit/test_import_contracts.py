@@ -25,7 +25,7 @@ def lint(cwd: Path) -> subprocess.CompletedProcess:
 def test_the_import_contracts_hold():
     out = lint(ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "Contracts: 2 kept, 0 broken." in out.stdout
+    assert "Contracts: 3 kept, 0 broken." in out.stdout
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def test_an_upward_import_breaks_the_layers(tree: Path):
     states.write_text(states.read_text() + "\nimport endpoint_agent.config  # deliberate: the SDK reaching up\n")
     out = lint(tree)
     assert out.returncode == 1
-    assert "Contracts: 1 kept, 1 broken." in out.stdout
+    assert "Contracts: 2 kept, 1 broken." in out.stdout
     assert "skyfn is not allowed to import endpoint_agent:" in out.stdout
     assert "skyfn.protocol.states -> endpoint_agent.config" in out.stdout
 
@@ -58,5 +58,14 @@ def test_a_circle_inside_a_package_breaks_acyclic_siblings(tree: Path):
     errors.write_text(errors.read_text() + "\n\ndef _late():\n    from skyfn.protocol import serialize  # deliberate circle\n")
     out = lint(tree)
     assert out.returncode == 1
-    assert "Contracts: 1 kept, 1 broken." in out.stdout
+    assert "Contracts: 2 kept, 1 broken." in out.stdout
     assert "No cycles are allowed in skyfn.protocol." in out.stdout
+
+
+def test_a_redis_import_in_the_services_logic_breaks_the_store_contract(tree: Path):
+    ids = tree / "lambdas" / "core" / "ids.py"
+    ids.write_text(ids.read_text() + "\nimport redis  # deliberate: the logic talking to its store\n")
+    out = lint(tree)
+    assert out.returncode == 1
+    assert "Contracts: 2 kept, 1 broken." in out.stdout
+    assert "lambdas.core is not allowed to import redis:" in out.stdout

@@ -25,7 +25,7 @@ def _pending(st, keys, route=PLAIN, fn="f1"):
         t = task_record(f"t{k}", 1, fn=fn, route=route)
         st.tasks[k] = t
         st.packs[1][1] += 1
-        st._pend(k, t)
+        st.pend(k, t)
     st.functions[fn] = f"body-of-{fn}"
 
 

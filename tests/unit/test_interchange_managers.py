@@ -85,7 +85,7 @@ def test_a_lost_manager_requeues_its_tasks_in_front_and_charges_the_running_ones
     m, sock = registered_manager(st, ctx, "m1")
     _assign(st, m, [1, 2, 3])
     st.tasks[9] = task_record("t9", 1)
-    st._pend(9, st.tasks[9])                # already pending: the requeued ones go before it
+    st.pend(9, st.tasks[9])                # already pending: the requeued ones go before it
     st.tasks[3][T_TRIES] = 1                # 3 has used its one retry
     m.running = [2, 3]                      # at its last heartbeat
     reg.lose_manager(st, m, "silent", time.monotonic())

@@ -85,32 +85,132 @@ def test_running_updates_carry_the_lease(ctx):
     assert out.first_buffered > 0
 
 
-def test_maybe_flush_sends_at_once_when_idle_else_waits_for_the_flush_interval(ctx):
-    outbox = RecordingOutbox(idle=False)
-    st = make_state(ctx, outbox=outbox, result_flush_ms=50)
+def test_group_commit_a_lone_result_leaves_at_once_and_results_during_a_send_leave_together(ctx):
+    outbox = RecordingOutbox(idle=True)
+    st = make_state(ctx, outbox=outbox, result_batch=100)
     out = ResultBatcher(st.config)
-    _with_pack(st, 1, "r1", [1, 2, 3])
+    _with_pack(st, 1, "r1", [1, 2, 3, 4])
     st.tasks.pop(1)
     out.add(st, {"task_id": "t1", "state": "SUCCEEDED", "result": "x"}, 1)
-    out.maybe_flush(st, time.monotonic())
-    assert outbox.puts == 0             # the outbox is busy and the result is fresh
-    out.maybe_flush(st, out.first_buffered + 0.051)
-    assert outbox.puts == 1 and len(outbox.results()) == 1
-    out.maybe_flush(st, time.monotonic() + 10)
-    assert outbox.puts == 1             # nothing buffered: nothing sent
-    outbox.is_idle = True
-    st.tasks.pop(2)
-    out.add(st, {"task_id": "t2", "state": "SUCCEEDED", "result": "y"}, 1)
-    out.maybe_flush(st, out.last_flush + 0.01)
-    assert outbox.puts == 1             # idle, but it sent 10 ms ago: results keep coming, it waits for company
-    assert out.flush_due(st) == pytest.approx(out.last_flush + 0.05)
-    out.maybe_flush(st, out.last_flush + 0.05)
-    assert outbox.puts == 2
-    st.tasks.pop(3)
-    out.last_flush -= 10                # a lone result after a quiet spell goes at once
-    out.add(st, {"task_id": "t3", "state": "SUCCEEDED", "result": "z"}, 1)
-    out.maybe_flush(st, out.first_buffered)
+    out.maybe_flush(st)
+    assert outbox.puts == 1 and len(outbox.results()) == 1   # nothing in flight: at once, no timer
+    outbox.is_idle = False              # that send is in flight: what comes now waits for it
+    for k in (2, 3):
+        st.tasks.pop(k)
+        out.add(st, {"task_id": f"t{k}", "state": "SUCCEEDED", "result": "y"}, 1)
+        out.maybe_flush(st)
+    assert outbox.puts == 1 and len(out.results) == 2
+    outbox.is_idle = True               # the send completed (the outbox's on_idle woke the loop)
+    out.maybe_flush(st)
+    assert outbox.puts == 2 and [r["task_id"] for r in outbox.results()] == ["t1", "t2", "t3"]
+    out.maybe_flush(st)
+    assert outbox.puts == 2             # nothing buffered: nothing sent
+    st.tasks.pop(4)
+    out.add(st, {"task_id": "t4", "state": "SUCCEEDED", "result": "z"}, 1)
+    out.maybe_flush(st)                 # the pack's last result: its ack goes with it
     assert outbox.puts == 3 and outbox.acks == ["r1"]
+
+
+def test_a_busy_outbox_still_gets_a_full_pack_at_result_batch(ctx):
+    outbox = RecordingOutbox(idle=False)
+    st = make_state(ctx, outbox=outbox, result_batch=3)
+    out = ResultBatcher(st.config)
+    _with_pack(st, 1, "r1", [1, 2, 3, 4])
+    for k in (1, 2, 3, 4):
+        st.tasks.pop(k)
+        out.add(st, {"task_id": f"t{k}", "state": "SUCCEEDED", "result": "x"}, 1)
+        out.maybe_flush(st)
+    assert outbox.puts == 1 and len(outbox.results()) == 3 and len(out.results) == 1   # a size bound
+
+
+class _GatedQueue:
+    """A queue the real Outbox sends to: a send waits for `gate` (a send in flight) when given."""
+
+    def __init__(self, gate: threading.Event | None = None):
+        self.gate, self.sent = gate, []
+
+    def send(self, bodies):
+        if self.gate is not None:
+            self.gate.wait(10)
+        self.sent.extend(bodies)
+
+    def delete(self, acks):
+        pass
+
+    def extend(self, receipts, seconds):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_the_outbox_running_dry_wakes_the_interchange_loop(ctx, tmp_path):
+    """The loop waits (no timer) for an in-flight send: the real Outbox's on_idle, wired as the
+    agent wires it, wakes it."""
+    from endpoint_agent.config import EndpointConfig
+    from endpoint_agent.interchange import Interchange
+    from endpoint_agent.service.outbox import Outbox
+
+    release = threading.Event()
+    q = _GatedQueue(release)
+    box = Outbox(q, q, 60.0)
+    box.start()
+    ix = Interchange(EndpointConfig(workers=1, managers=1, log_level="WARNING"), "ep", box, ctx=ctx)
+    box.on_idle = ix.on_outbox_idle
+    try:
+        ix.out.update({"task_id": "a", "state": "RUNNING", "ts": 1.0, "lease_seconds": 60})
+        ix.step(0)                       # nothing in flight: handed over at once
+        deadline = time.monotonic() + 5
+        while box.idle() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        ix.out.update({"task_id": "b", "state": "RUNNING", "ts": 1.0, "lease_seconds": 60})
+        ix.step(0)
+        assert ix.out.updates and not box.idle()   # held: a send is in flight
+        release.set()
+        t0 = time.monotonic()
+        ix.step(30)                      # woken by the outbox running dry, long before 30 s
+        while ix.out.updates and time.monotonic() - t0 < 10:
+            ix.step(30)
+        assert not ix.out.updates and time.monotonic() - t0 < 10
+        assert box.drain(5)
+        assert [u["task_id"] for b in q.sent for u in wire.loads(b)["updates"]] == ["a", "b"]
+    finally:
+        box.on_idle = None
+        box.close()
+        ix.close()
+
+
+def test_the_outbox_running_dry_with_nothing_held_leaves_the_loop_asleep(ctx):
+    """A send completing with nothing buffered (a lone result, the usual interactive case)
+    costs the interchange no wake-up; one completing with results held wakes it."""
+    from endpoint_agent.config import EndpointConfig
+    from endpoint_agent.interchange import Interchange
+    from endpoint_agent.service.outbox import Outbox
+
+    called = threading.Event()
+    q = _GatedQueue()
+    box = Outbox(q, q, 60.0)
+    ix = Interchange(EndpointConfig(workers=1, managers=1, log_level="WARNING"), "ep", box, ctx=ctx)
+
+    def on_idle():
+        ix.on_outbox_idle()
+        called.set()
+
+    box.on_idle = on_idle
+    box.start()
+    try:
+        box.put([b"a result"])           # nothing held by the interchange meanwhile
+        assert called.wait(5)
+        assert ix.wake.poll(0) == 0       # no wake-up was sent
+        called.clear()
+        ix.out.update({"task_id": "b", "state": "RUNNING", "ts": 1.0, "lease_seconds": 60})
+        box.put([b"another"])            # held while this send is in flight
+        assert called.wait(5)
+        assert ix.wake.poll(5000) == zmq.POLLIN  # woken to send what was held
+    finally:
+        box.on_idle = None
+        box.close()
+        ix.close()
 
 
 def test_flush_splits_bodies_by_count_size_and_updates(ctx):

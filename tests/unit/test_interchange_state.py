@@ -20,10 +20,10 @@ def ctx():
 def test_pend_appends_and_pend_front_prepends_per_route(ctx):
     st = make_state(ctx)
     gpu = ("none", 0, 1)
-    st._pend(1, task_record("a", 1))
-    st._pend(2, task_record("b", 1))
+    st.pend(1, task_record("a", 1))
+    st.pend(2, task_record("b", 1))
     st._pend_front(3, task_record("c", 1))
-    st._pend(4, task_record("d", 1, route=gpu))
+    st.pend(4, task_record("d", 1, route=gpu))
     assert list(st.pending[PLAIN]) == [3, 1, 2]
     assert list(st.pending[gpu]) == [4]
     assert st.n_pending == 4

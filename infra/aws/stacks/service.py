@@ -145,7 +145,7 @@ class ServiceStack(Stack):
         results_fn.add_event_source_mapping(
             f"SqsEventSource:{Names.node_unique_id(self.results_queue.node)}",
             event_source_arn=self.results_queue.queue_arn, batch_size=RESULTS_BATCH_SIZE,
-            max_batching_window=Duration.seconds(RESULTS_BATCH_WINDOW_S),
+            max_batching_window=Duration.seconds(RESULTS_BATCH_WINDOW_S) if RESULTS_BATCH_WINDOW_S else None,
             report_batch_item_failures=True, max_concurrency=RESULTS_MAX_CONCURRENCY)
         results_fn.add_to_role_policy(iam.PolicyStatement(
             sid="ResultsQueueConsume", actions=["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"],
@@ -153,6 +153,8 @@ class ServiceStack(Stack):
         # ... and releases the dependents of the tasks it finished (task graphs, issue 26):
         # declares endpoint task queues and sends them packs (never a control queue)
         results_fn.add_to_role_policy(self.endpoint_queue_statement(send=True, control=False))
+        # (its GetItem on the endpoints table also reads an endpoint's credential hash, which its
+        # results key comes from, when Redis lost it: lambdas/core/identity/result_seals.py)
         self._dataflow_release(results_fn)
 
         # reaper: re-declares endpoint queues, drains their dead-letter queues; sends the

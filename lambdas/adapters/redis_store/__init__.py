@@ -27,14 +27,25 @@ batch at once, so a batch of 10,000 tasks costs a handful of round trips. Key la
                    reports and the status page; older ones come from the durable history);
                    first:<owner> the time of the owner's first task (tells whether it is complete)
   ds:<session>     hash: o owner, e endpoint, f:<function> 1: a direct session
-                   (lambdas/core/tasks/sessions.py), whose reported results _DIRECT records
+                   (lambdas/core/tasks/sessions.py), whose reported results lua/direct.lua records
   w:<task>, settled, release, releasing, and the fields in/dn/wp/wd/pn of a task record:
-                   task graphs (tasks WAITING for their inputs), laid out in graph_scripts
+                   task graphs (tasks WAITING for their inputs), laid out in graph
 
 Modules, one concern each: rows (what the store returns: TaskRow, Notice, states),
-scripts (the Lua scripts of every state change), store (TaskStore: the task records'
+lua/*.lua (the Lua scripts of every state change, each with a header naming its keys;
+lua_files loads them, lua_rows names the rows they take and return), store (TaskStore: the task records'
 lifecycle, memoization and reads), done (the completion streams done:<owner> that the
 status long-poll and the results push read), idempotency (idem:<owner>:<k>) and outbox
-(the history outbox and the expiry of archived records), graph and graph_scripts (tasks
+(the history outbox and the expiry of archived records), graph (tasks
 waiting for inputs, their release and the ends along their edges). TaskStore combines them.
+
+The service's other hot state, one port each, created once per process in
+lambdas/core/deps.py: registry_store (the registry's cache: fn:, ep:, epname:, eps:,
+ep-index, and epdirect: as the heartbeat writes it), liveness_store (ep-beats: the endpoints
+online by last heartbeat, swept by lua/sweep_silent.lua), dead_letter_watch (dl-watch: the
+endpoints whose dead letters the reaper looks at; lua/settle_watch.lua), group_store (grp:, grp:<id>:rr and the
+members' load:), task_fields (one field of many task records in a round trip), batch_store
+(batch:<id> and its chunks, pending and counts; settle_batch.lua), run_store (run:),
+action_store (ap:, apreq:), session_store (ds:), push_channel (PUBLISH push:<owner>) and
+backlog_store (the backlog gauge's figures); each module's docstring lays out its keys.
 """

@@ -1,10 +1,9 @@
 """The history outbox of the hot task store: records queued for DynamoDB off the hot path
 (lambdas/history.py drains them in bulk), marked archived once written. An archived
 record leaves Redis by its own expiry: result_ttl after it was read, unretrieved_ttl after
-archival if nobody read it (scripts.ARCHIVED, scripts._EXPIRE_READ)."""
+archival if nobody read it (lua/archived.lua, lua/_expire_read.lua)."""
 from __future__ import annotations
 
-import time
 from typing import Any, Iterable
 
 import orjson
@@ -43,7 +42,7 @@ class HistoryOutbox:
             return []
         out = []
         for part in slices(task_ids):
-            for tid, values in zip(part, self._history_read(args=[",".join(HISTORY_FIELDS), *part])):
+            for tid, values in zip(part, self._history_read(keys=[f"t:{tid}" for tid in part], args=HISTORY_FIELDS)):
                 if values[0] is not None:
                     rec = {k: v.decode() for k, v in zip(HISTORY_FIELDS, values) if v is not None}
                     rec["task_id"] = tid
@@ -53,7 +52,8 @@ class HistoryOutbox:
     def mark_archived(self, task_ids: list[str]) -> int:
         """Mark records written to the durable history and set their expiry; returns how
         many were newly marked."""
-        return sum(int(self._archived(args=[f"{time.time():.6f}", self.result_ttl, self.unretrieved_ttl, *part]))
+        return sum(int(self._archived(keys=["stats:archived", *[f"t:{tid}" for tid in part]],
+                                      args=[self.result_ttl, self.unretrieved_ttl]))
                    for part in slices(task_ids))
 
     def archived_count(self) -> int:

@@ -17,6 +17,8 @@ class TaskRow:
     events: list[tuple[str, float]] | None
     stdout: str | None = None
     stderr: str | None = None
+    endpoint_id: str | None = None  # the endpoint the task was routed to
+    result_by: str | None = None    # the endpoint whose agent produced its result or error
 
 
 Status = tuple[str, Any, Any, Any]  # state, result, error, reason

@@ -5,7 +5,7 @@ streams and the history outbox of their own modules."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import orjson
 import redis
@@ -13,10 +13,11 @@ import redis
 from lambdas.adapters.redis_store.done import DoneStreams
 from lambdas.adapters.redis_store.graph import TaskGraph
 from lambdas.adapters.redis_store.idempotency import IdempotencyKeys
+from lambdas.adapters.redis_store.lua_files import register
+from lambdas.adapters.redis_store.lua_rows import (CancelReply, CreateRow, DirectRow, DoneNotice, ExpiredNotice,
+                                                   FinishRow, MemoHitRow, ProgressRow, StatusReply, encode)
 from lambdas.adapters.redis_store.outbox import HistoryOutbox
 from lambdas.adapters.redis_store.rows import CANCEL_REASON, RECENT_MAX, Notice, TaskRow, decoded, slices
-from lambdas.adapters.redis_store.scripts import (ARCHIVED, CANCEL, CREATE, DIRECT, EXPIRE, FINISH,
-                                                  HISTORY_READ, MEMO_HIT, PROGRESS, RETRIEVED, STATUS)
 from skyfn.protocol.queues.redis_streams import SOCKET_TIMEOUT_S
 from skyfn.protocol.states import parse_events
 
@@ -30,17 +31,17 @@ class TaskStore(IdempotencyKeys, DoneStreams, HistoryOutbox, TaskGraph):
         self.result_ttl = result_ttl
         self.unretrieved_ttl = unretrieved_ttl
         self.memo_ttl = memo_ttl
-        self._memo_hit = client.register_script(MEMO_HIT)
-        self._create = client.register_script(CREATE)
-        self._finish = client.register_script(FINISH)
-        self._progress = client.register_script(PROGRESS)
-        self._expire = client.register_script(EXPIRE)
-        self._cancel = client.register_script(CANCEL)
-        self._status = client.register_script(STATUS)
-        self._retrieved = client.register_script(RETRIEVED)
-        self._direct = client.register_script(DIRECT)
-        self._archived = client.register_script(ARCHIVED)
-        self._history_read = client.register_script(HISTORY_READ)
+        self._memo_hit = register(client, "memo_hit")
+        self._create = register(client, "create")
+        self._finish = register(client, "finish")
+        self._progress = register(client, "progress")
+        self._expire = register(client, "expire")
+        self._cancel = register(client, "cancel")
+        self._status = register(client, "status")
+        self._retrieved = register(client, "retrieved")
+        self._direct = register(client, "direct")
+        self._archived = register(client, "archived")
+        self._history_read = register(client, "history_read")
         self._register_graph_scripts()
 
     @classmethod
@@ -49,24 +50,29 @@ class TaskStore(IdempotencyKeys, DoneStreams, HistoryOutbox, TaskGraph):
                                         socket_timeout=SOCKET_TIMEOUT_S), **kw)
 
     # --- submission -------------------------------------------------------------
-    def create(self, owner: str, submission_id: str, rows: list[list[Any]], created: float, queued: float,
+    def create(self, owner: str, submission_id: str, rows: Sequence[CreateRow], created: float, queued: float,
                submission_record: dict[str, Any] | None = None, only_if_new: bool = False) -> int:
-        """rows: [task_id, function_id, endpoint_id, max_retries(, function tag(, memo key))];
-        all start QUEUED and count in load:<endpoint> until final (an empty
-        endpoint_id: none). A task with a memo key caches its result when it SUCCEEDS.
-        `submission_record` goes to the history outbox in the same script (see
-        enqueue_submission_record), with the last slice: the tasks are created in slices
-        (rows.SLICE), each all or none. Returns how many were created, or -1, creating
-        nothing, when `only_if_new` and the first task exists (a retried submission; one
-        that stopped between slices is finished by the caller, tasks.py _not_yet_queued)."""
+        """rows: CreateRow (or lists in its order, its optional fields left out); all start
+        QUEUED and count in load:<endpoint> until final (an empty endpoint_id: none). A
+        task with a memo key caches its result when it SUCCEEDS. `submission_record` goes
+        to the history outbox in the same script (see enqueue_submission_record), with the
+        last slice: the tasks are created in slices (rows.SLICE), each all or none. Returns
+        how many were created, or -1, creating nothing, when `only_if_new` and the first
+        task exists (a retried submission; one that stopped between slices is finished by
+        the caller, tasks.py _not_yet_queued)."""
+        rows = _named(CreateRow, rows)
         parts = list(slices(rows)) or [rows]
+        recent, first = f"recent:{owner}", f"first:{owner}"
         count = 0
         for i, part in enumerate(parts):
-            args = [orjson.dumps(part), f"{created:.6f}", owner, submission_id, f"{queued:.6f}", RECENT_MAX,
-                    "1" if only_if_new and i == 0 else "0"]
+            endpoints = list(dict.fromkeys(r.endpoint_id for r in part if r.endpoint_id))
+            record = b""
             if submission_record is not None and i == len(parts) - 1:
-                args.append(b"sub:" + orjson.dumps(submission_record))
-            made = int(self._create(args=args))
+                record = b"sub:" + orjson.dumps(submission_record)
+            made = int(self._create(
+                keys=[recent, first, "outbox", *[f"t:{r.task_id}" for r in part], *[f"load:{ep}" for ep in endpoints]],
+                args=[encode(part), f"{created:.6f}", owner, submission_id, f"{queued:.6f}", RECENT_MAX,
+                      "1" if only_if_new and i == 0 else "0", record, *endpoints]))
             if made < 0:
                 return -1
             count += made
@@ -79,115 +85,130 @@ class TaskStore(IdempotencyKeys, DoneStreams, HistoryOutbox, TaskGraph):
             return []
         return [decoded(v) for v in self.r.mget([f"memo:{owner}:{k}" for k in keys])]
 
-    def create_memo_hits(self, owner: str, submission_id: str, rows: list[list[Any]], created: float) -> int:
-        """rows: [task_id, function_id, endpoint_id, cached result, memo key, function tag]:
-        tasks answered from the cache, stored SUCCEEDED at once (ids that exist are left
-        alone: a retried submission). Returns how many were created."""
+    def create_memo_hits(self, owner: str, submission_id: str, rows: Sequence[MemoHitRow], created: float) -> int:
+        """rows: MemoHitRow (or lists in its order): tasks answered from the cache, stored
+        SUCCEEDED at once (ids that exist are left alone: a retried submission). Returns how
+        many were created."""
         return self.create_memo_hits_notify(owner, submission_id, rows, created)[0]
 
-    def create_memo_hits_notify(self, owner: str, submission_id: str, rows: list[list[Any]],
+    def create_memo_hits_notify(self, owner: str, submission_id: str, rows: Sequence[MemoHitRow],
                                 created: float) -> tuple[int, list[Notice]]:
         """create_memo_hits, and the completion-stream entry it added (for the results push)."""
         if not rows:
             return 0, []
-        out = self._memo_hit(args=[orjson.dumps(rows), f"{created:.6f}", f"{time.time():.6f}", owner,
-                                   submission_id, self.unretrieved_ttl])
-        if int(out[0]) == 0:
+        rows = _named(MemoHitRow, rows)
+        out = self._memo_hit(keys=[f"recent:{owner}", "outbox", f"done:{owner}", *[f"t:{r.task_id}" for r in rows]],
+                             args=[encode(rows), f"{created:.6f}", f"{time.time():.6f}", owner, submission_id])
+        if not out:
             return 0, []
-        ids = decoded(out[3]).split(",")  # those created: ids that existed (a retried submission) are not in it
-        created = set(ids)
-        return len(ids), [Notice(owner, decoded(out[1]), decoded(out[2]), ids,
-                                 {r[0]: ("SUCCEEDED", r[3], None, None) for r in rows if r[0] in created})]
+        # those created: ids that existed (a retried submission) are not in it
+        notice = _notice(DoneNotice._make(out))
+        made = set(notice.ids)
+        notice.statuses = {r.task_id: ("SUCCEEDED", r.result, None, None) for r in rows if r.task_id in made}
+        return len(notice.ids), [notice]
 
     def fail_unqueued(self, task_ids: list[str], reason: str) -> list[Notice]:
         """Tasks stored but never enqueued (the queue refused them) are failed, not left
         hanging. Returns the notices of those it failed (for push.notify)."""
-        return self.finish([[tid, "FAILED", None, None, reason, ""] for tid in task_ids])[3]
+        return self.finish([FinishRow(task_id=tid, state="FAILED", reason=reason) for tid in task_ids])[3]
 
     # --- results and progress from agents ---------------------------------------
-    def finish(self, rows: list[list[Any]], endpoint_id: str = "") -> tuple[int, int, int, list[Notice]]:
-        """rows: [task_id, state, result, error, reason, agent events 'S@ts;...'
-        (, stdout, stderr)]. With `endpoint_id` (results from an agent), only tasks routed
-        to that endpoint are finished; others count as unknown. Returns (stored, duplicates
-        ignored, unknown ids, notices): one notice per owner, with the statuses stored."""
+    def finish(self, rows: Sequence[FinishRow], endpoint_id: str = "") -> tuple[int, int, int, list[Notice]]:
+        """rows: FinishRow (or lists in its order). With `endpoint_id` (results from an agent:
+        the sender the caller authenticated), only tasks routed to that endpoint are
+        finished, and their records say it produced them (`by`); others count as unknown.
+        Returns (stored, duplicates ignored, unknown ids, notices): one notice per owner,
+        with the statuses stored."""
+        rows = _named(FinishRow, rows)
         stored, dup, unknown, notices = self.finish_notify(rows, endpoint_id)
         if notices:
-            by_id = {r[0]: r for r in rows}
+            by_id = {r.task_id: r for r in rows}
             for n in notices:
-                n.statuses = {tid: (by_id[tid][1], by_id[tid][2], by_id[tid][3], by_id[tid][4]) for tid in n.ids}
+                n.statuses = {tid: (by_id[tid].state, by_id[tid].result, by_id[tid].error, by_id[tid].reason)
+                              for tid in n.ids}
         return stored, dup, unknown, notices
 
-    def finish_notify(self, rows: list[list[Any]], endpoint_id: str = "") -> tuple[int, int, int, list[Notice]]:
+    def finish_notify(self, rows: Sequence[FinishRow], endpoint_id: str = "") -> tuple[int, int, int, list[Notice]]:
         """finish for the results function's hot path: the notices come without statuses
         (the caller passes its rows' to push.notify). A slice (rows.SLICE) per script call,
         as smaller packs would be: an owner gets a notice per slice."""
         totals, notices = [0, 0, 0], []
-        for part in slices(rows):
-            *counts, raw = self._finish(args=[orjson.dumps(part), f"{time.time():.6f}", self.unretrieved_ttl,
-                                              endpoint_id, int(self.memo_ttl), self.result_ttl])
+        sender = [f"load:{endpoint_id}"] if endpoint_id else []  # the only endpoint its tasks load
+        for part in slices(_named(FinishRow, rows)):
+            *counts, raw = self._finish(keys=["leases", "outbox", "settled", *[f"t:{r.task_id}" for r in part], *sender],
+                                        args=[encode(part), f"{time.time():.6f}", self.unretrieved_ttl, endpoint_id,
+                                              int(self.memo_ttl), self.result_ttl])
             totals = [t + int(c) for t, c in zip(totals, counts)]
-            notices += [Notice(decoded(owner), decoded(prev), decoded(entry), decoded(csv).split(","))
-                        for owner, prev, entry, csv in raw or ()]
+            notices += [_notice(DoneNotice._make(n)) for n in raw or ()]
         return totals[0], totals[1], totals[2], notices
 
-    def record_direct(self, rows: list[list[Any]], endpoint_id: str) -> tuple[int, int, int]:
-        """Tasks of direct sessions, created final: rows [task_id, session, function_id,
-        state, result, error, reason, events 'S@ts;...' from CREATED on, stdout, stderr,
-        created]. Only rows whose session record ds:<session> is `endpoint_id`'s and names
-        the function are stored, with the session's owner; the others count as unknown,
-        tasks that exist already as duplicates. Returns (stored, duplicates, unknown)."""
-        stored, dup, unknown = self._direct(args=[orjson.dumps(rows), f"{time.time():.6f}", self.result_ttl,
-                                                  endpoint_id, RECENT_MAX])
+    def record_direct(self, rows: Sequence[DirectRow], endpoint_id: str) -> tuple[int, int, int]:
+        """Tasks of direct sessions, created final: rows DirectRow (or lists in its order).
+        Only rows whose session record ds:<session> is `endpoint_id`'s and names the
+        function are stored, with the session's owner; the others count as unknown, tasks
+        that exist already as duplicates. Returns (stored, duplicates, unknown)."""
+        rows = _named(DirectRow, rows)
+        stored, dup, unknown = self._direct(
+            keys=["outbox", *[f"t:{r.task_id}" for r in rows], *[f"ds:{r.session}" for r in rows]],
+            args=[encode(rows), f"{time.time():.6f}", endpoint_id, RECENT_MAX])
         return int(stored), int(dup), int(unknown)
 
     def mark_retrieved(self, task_ids: list[str]) -> None:
         """Results handed to their owner by the push: read now (they expire result_ttl later)."""
         for part in slices(task_ids):
-            self._retrieved(args=[f"{time.time():.6f}", self.result_ttl, *part])
+            self._retrieved(keys=[f"t:{tid}" for tid in part], args=[f"{time.time():.6f}", self.result_ttl])
 
-    def progress(self, rows: list[list[Any]], endpoint_id: str = "") -> int:
-        """rows: [task_id, DISPATCHED|RUNNING|LEASE, ts, lease_seconds]; with `endpoint_id`,
-        only tasks routed to that endpoint move."""
-        return int(self._progress(args=[orjson.dumps(rows), f"{time.time():.6f}", endpoint_id]))
+    def progress(self, rows: Sequence[ProgressRow], endpoint_id: str = "") -> int:
+        """rows: ProgressRow (or lists in its order); with `endpoint_id`, only tasks routed
+        to that endpoint move."""
+        rows = _named(ProgressRow, rows)
+        sender = [f"load:{endpoint_id}"] if endpoint_id else []  # the only endpoint its tasks load
+        return int(self._progress(keys=["leases", *[f"t:{r.task_id}" for r in rows], *sender],
+                                  args=[encode(rows), f"{time.time():.6f}", endpoint_id]))
 
     def expire_leases(self, limit: int = 5000) -> tuple[int, int, list[Notice]]:
         """Expired leases: (requeued, failed past their retry budget, notices of the failed)."""
-        requeued, failed, raw = self._expire(args=[f"{time.time():.6f}", limit, self.unretrieved_ttl,
-                                                   self.result_ttl])
+        requeued, failed, raw = self._expire(keys=["leases", "outbox", "settled"],
+                                             args=[f"{time.time():.6f}", limit, self.unretrieved_ttl, self.result_ttl])
         notices = []
-        for owner, prev, entry, csv, reasons in raw or ():
-            ids = decoded(csv).split(",")
-            notices.append(Notice(decoded(owner), decoded(prev), decoded(entry), ids,
-                                  {tid: ("FAILED", None, None, decoded(why)) for tid, why in zip(ids, reasons)}))
+        for n in map(ExpiredNotice._make, raw or ()):
+            notice = _notice(n)
+            notice.statuses = {tid: ("FAILED", None, None, decoded(why)) for tid, why in zip(notice.ids, n.reasons)}
+            notices.append(notice)
         return int(requeued), int(failed), notices
 
     def cancel(self, owner: str, task_id: str) -> tuple[str, str | None, list[Notice]] | None:
         """('OK', endpoint, notices) when cancelled (the notice only when cancelled now: a
         retried cancel succeeds again, unannounced), (final state, None, []) when it finished
         otherwise, None when unknown."""
-        out = self._cancel(args=[task_id, owner, f"{time.time():.6f}", self.result_ttl, CANCEL_REASON,
+        out = self._cancel(keys=[f"t:{task_id}", "leases", "outbox", "settled", f"done:{owner}"],
+                           args=[task_id, owner, f"{time.time():.6f}", self.result_ttl, CANCEL_REASON,
                                  self.unretrieved_ttl])
         if not out:
             return None
+        reply = CancelReply(*out)
         notices = []
-        if len(out) > 2:
-            notices.append(Notice(owner, decoded(out[2]), decoded(out[3]), [task_id],
+        if reply.cursor is not None:
+            notices.append(Notice(owner, decoded(reply.prev), decoded(reply.cursor), [task_id],
                                   {task_id: ("CANCELLED", None, None, CANCEL_REASON)}))
-        return decoded(out[0]), decoded(out[1]), notices
+        return decoded(reply.outcome), decoded(reply.endpoint_id), notices
 
     # --- reads ---------------------------------------------------------------------
     def status(self, owner: str, task_ids: list[str], with_events: bool = False,
                mark_retrieved: bool = True) -> dict[str, TaskRow | None]:
-        raw = self._status(args=[orjson.dumps(task_ids), owner, f"{time.time():.6f}", self.result_ttl,
-                                 "1" if with_events else "0", "1" if mark_retrieved else "0"])
+        raw = self._status(keys=[f"t:{tid}" for tid in task_ids],
+                           args=[owner, f"{time.time():.6f}", self.result_ttl, "1" if with_events else "0",
+                                 "1" if mark_retrieved else "0"])
         out: dict[str, TaskRow | None] = {}
         for tid, v in zip(task_ids, raw):
             if not v:
                 out[tid] = None
                 continue
-            ev = decoded(v[5])
-            out[tid] = TaskRow(tid, decoded(v[0]), decoded(v[1]), decoded(v[2]), decoded(v[3]), int(v[4]),
-                               parse_events(ev) if ev is not None else None, decoded(v[6]), decoded(v[7]))
+            r = StatusReply._make(v)
+            ev = decoded(r.events)
+            out[tid] = TaskRow(tid, decoded(r.state), decoded(r.result), decoded(r.error), decoded(r.reason),
+                               int(r.retries), parse_events(ev) if ev is not None else None, decoded(r.stdout),
+                               decoded(r.stderr), decoded(r.endpoint_id), decoded(r.result_by))
         return out
 
     def recent(self, owner: str, since: float, limit: int) -> tuple[list[dict[str, str]], list[str], float | None]:
@@ -245,3 +266,14 @@ class TaskStore(IdempotencyKeys, DoneStreams, HistoryOutbox, TaskGraph):
     def record(self, task_id: str) -> dict[str, str]:
         raw = self.r.hgetall(f"t:{task_id}")
         return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+def _named(row: type, rows: Sequence[Any]) -> Sequence[Any]:
+    """`rows` as `row`s (callers that still send lists in the row's order)."""
+    if rows and not isinstance(rows[0], row):
+        return [row(*r) for r in rows]
+    return rows
+
+
+def _notice(n: DoneNotice, statuses: dict | None = None) -> Notice:
+    return Notice(decoded(n.owner), decoded(n.prev), decoded(n.cursor), decoded(n.ids).split(","), statuses or {})

@@ -19,7 +19,8 @@ role too small for the action gets 403 naming the role needed. Tasks and their r
 are not shared: only the submitter reads them (lambdas/core/tasks/tasks.py checks the owner).
 
 Grants live in DynamoDB (endpoints table, item `share#<kind>#<id>`, map `grants`) and in
-Redis (`share:<kind>:<id>`, hash principal -> role), which every check reads: there is no
+the hot store (`share:<kind>:<id>`, hash principal -> role; lambdas/adapters/redis_store/
+shares_store.py), which every check reads: there is no
 per-process cache, so a revoke takes effect for the next request. The Redis copy is
 filled from DynamoDB by a script that writes only when the hash is absent, so a fill that
 raced with a revoke cannot bring the revoked grant back.
@@ -30,36 +31,22 @@ import time
 from typing import Optional
 
 from lambdas.core import deps
-from lambdas.core.errors import Forbidden, NotFound, ServiceError
+from lambdas.core.errors import Forbidden, Invalid, NotFound, ServiceError
 
 KINDS = ("function", "endpoint", "endpoint-group")
 ROLES = ("run", "manage")
 ALL_USERS = "all-users"  # the principal for every authenticated user
 ALL_USERS_KINDS = ("function", "endpoint")
 RANK = {"run": 1, "manage": 2, "owner": 3}
-_EMPTY = "-"  # field of a filled hash with no grants
-
-_FILL = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV))
-return 1
-"""
 
 
-class InvalidShare(ServiceError):
-    status = 422
+class InvalidShare(Invalid):
     code = "invalid_share"
 
 
 class RefusedShare(ServiceError):
     """A well-formed share this service does not grant (`all-users` beyond `run`)."""
-
-    status = 400
     code = "share_refused"
-
-
-def _key(kind: str, obj_id: str) -> str:
-    return f"share:{kind}:{obj_id}"
 
 
 def _item_key(kind: str, obj_id: str) -> str:
@@ -68,16 +55,13 @@ def _item_key(kind: str, obj_id: str) -> str:
 
 def grants(kind: str, obj_id: str) -> dict[str, str]:
     """principal -> role of every share of the object."""
-    r = deps.redis_client()
-    raw = r.hgetall(_key(kind, obj_id))
-    if not raw:
+    port = deps.shares()
+    found = port.shares_of(kind, obj_id)
+    if found is None:
         item = deps.dynamo().endpoints.get_item(Key={"endpoint_id": _item_key(kind, obj_id)},
                                                 ConsistentRead=True).get("Item") or {}
-        found = {str(k): str(v) for k, v in (item.get("grants") or {}).items()}
-        flat = [x for kv in found.items() for x in kv] or [_EMPTY, ""]
-        r.eval(_FILL, 1, _key(kind, obj_id), *flat)
-        raw = r.hgetall(_key(kind, obj_id))
-    return {k.decode(): v.decode() for k, v in raw.items() if k.decode() != _EMPTY}
+        found = port.fill_shares(kind, obj_id, {str(k): str(v) for k, v in (item.get("grants") or {}).items()})
+    return found
 
 
 def role(kind: str, obj_id: str, owner: str, user: str) -> Optional[str]:
@@ -151,12 +135,7 @@ def grant(kind: str, obj_id: str, owner: str, caller: str, principal: str, new_r
     deps.dynamo().endpoints.update_item(
         Key={"endpoint_id": _item_key(kind, obj_id)}, UpdateExpression="SET grants.#p = :r",
         ExpressionAttributeNames={"#p": principal}, ExpressionAttributeValues={":r": new_role})
-    pipe = deps.redis_client().pipeline(transaction=True)
-    pipe.hset(_key(kind, obj_id), principal, new_role)
-    pipe.hdel(_key(kind, obj_id), _EMPTY)
-    if principal.startswith("user:"):
-        pipe.sadd(f"inshares:{principal[5:]}", f"{kind}:{obj_id}")
-    pipe.execute()
+    deps.shares().grant_share(kind, obj_id, principal, new_role)
     return grants(kind, obj_id)
 
 
@@ -171,21 +150,15 @@ def revoke(kind: str, obj_id: str, owner: str, caller: str, principal: str) -> d
     deps.dynamo().endpoints.update_item(
         Key={"endpoint_id": _item_key(kind, obj_id)}, UpdateExpression="REMOVE grants.#p",
         ExpressionAttributeNames={"#p": principal})
-    pipe = deps.redis_client().pipeline(transaction=True)
-    pipe.hdel(_key(kind, obj_id), principal)
-    if principal.startswith("user:"):
-        pipe.srem(f"inshares:{principal[5:]}", f"{kind}:{obj_id}")
-    pipe.execute()
-    if len(current) == 1:  # keep the hash present (filled, empty): DynamoDB is not read again
-        deps.redis_client().hsetnx(_key(kind, obj_id), _EMPTY, "")
+    # the last share gone: the hot copy stays present (filled, empty), DynamoDB is not read again
+    deps.shares().revoke_share(kind, obj_id, principal, last=len(current) == 1)
     return grants(kind, obj_id)
 
 
 def shared_with(user: str) -> list[dict[str, str]]:
     """Objects shared with the user directly, with the role (team shares: see the team)."""
     out = []
-    for member in sorted(m.decode() for m in deps.redis_client().smembers(f"inshares:{user}")):
-        kind, _, obj_id = member.partition(":")
+    for kind, obj_id in deps.shares().shared_with(user):
         r = grants(kind, obj_id).get(f"user:{user}")
         if r:
             out.append({"kind": kind, "id": obj_id, "role": r})

@@ -3,20 +3,24 @@ owner's token.
 
 A credential (`skyfn-agent.<endpoint id>.<secret>`) is issued to the endpoint's owner
 each time the owner registers the endpoint (registering again rotates it: the old one
-stops working at once). The service keeps only SHA-256 of the secret (Redis
+stops working at once). The service keeps only SHA-256 of the secret (the hot store's
 `agentcred:<id>`, and the endpoint's DynamoDB item as the durable copy).
 
 With it an agent may call its own endpoint's agent routes (connect, heartbeat, and a
 multi-user endpoint's lanes) and nothing else of the API. On the queues:
 - Redis Streams (embedded runtime): the credential is the password of a Redis ACL user
-  `ep-<id>` (stored hashed, `#<sha256>`; lambdas/core/identity/queue_acl.py) whose key
-  permissions are the endpoint's task and control streams and its lanes' task streams
-  (and their lease and dead-letter keys) plus *write-only* access to the shared results
-  stream. Any other key -- another endpoint's queue, task records, the
-  results others post -- is refused by Redis itself (NOPERM). Key-space commands (SCAN,
-  KEYS) are refused too, so task ids of other endpoints cannot be listed.
+  `ep-<id>` (stored hashed, `#<sha256>`; lambdas/core/identity/queue_acl.py) that may send
+  the queue client's commands (lambdas/adapters/queue_logins.py) on the endpoint's task and
+  control streams and its lanes' task streams (and their lease and dead-letter keys), and
+  only XADD to the results stream. Any other key -- another endpoint's queue, task records,
+  the results others post -- and any other command (scripts, XAUTOCLAIM, XTRIM, SCAN, ...)
+  is refused by Redis itself (NOPERM).
 - SQS (AWS): temporary STS credentials of the agent role narrowed by a session policy
   to the endpoint's queues (lambdas/core/identity/agent_credentials.py).
+On either, the results queue is shared and says nothing of who sent an entry: the agent
+seals its packs with a results key derived from the credential (skyfn.protocol.result_seal,
+lambdas/core/identity/credential_hashes.py), and the service applies a pack only as the
+endpoint whose key sealed it (lambdas/core/identity/result_seals.py).
 """
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ from typing import Optional
 from lambdas.config import GATEWAY_PROVIDERS, settings
 from lambdas.core import deps
 from lambdas.core.identity import direct_info, lanes, queue_acl
+from lambdas.core.identity.credential_hashes import results_key, stored_digest
+from skyfn.protocol import result_seal
 from skyfn.protocol.credentials import PREFIX, parse, redis_url
 
 
@@ -40,7 +46,7 @@ def issue(endpoint_id: str) -> str:
     digest = queue_acl.digest(secret)
     deps.dynamo().endpoints.update_item(Key={"endpoint_id": endpoint_id}, UpdateExpression="SET cred_hash = :h",
                                         ExpressionAttributeValues={":h": digest})
-    deps.redis_client().set(f"agentcred:{endpoint_id}", digest)
+    deps.credential_hashes().keep(endpoint_id, digest)
     direct_info.withdraw([endpoint_id])  # published by the holder of the old credential
     if settings().queue_kind == "redis":
         grant_queue_access(endpoint_id, digest)
@@ -53,23 +59,17 @@ def verify(credential: str) -> Optional[str]:
     if parsed is None:
         return None
     endpoint_id, secret = parsed
-    stored = deps.redis_client().get(f"agentcred:{endpoint_id}")
+    stored = stored_digest(endpoint_id)
     if stored is None:
-        item = deps.dynamo().get_endpoint(endpoint_id)
-        digest = (item or {}).get("cred_hash")
-        if not digest:
-            return None
-        deps.redis_client().set(f"agentcred:{endpoint_id}", digest)
-        stored = digest.encode()
-    return endpoint_id if hmac.compare_digest(stored.decode(), queue_acl.digest(secret)) else None
+        return None
+    return endpoint_id if hmac.compare_digest(stored, queue_acl.digest(secret)) else None
 
 
 def revoke(endpoint_id: str) -> None:
     """No credential of the endpoint works any more; its agent's Redis connections are cut,
     and its lanes closed (their user agents' logins end too)."""
     deps.dynamo().endpoints.update_item(Key={"endpoint_id": endpoint_id}, UpdateExpression="REMOVE cred_hash")
-    r = deps.redis_client()
-    r.delete(f"agentcred:{endpoint_id}")
+    deps.credential_hashes().forget(endpoint_id)
     direct_info.withdraw([endpoint_id])  # no new direct sessions with an agent its owner cut off
     if settings().queue_kind == "redis":
         queue_acl.delete_users(acl_user(endpoint_id))  # also closes its connections
@@ -77,17 +77,40 @@ def revoke(endpoint_id: str) -> None:
 
 
 # --- Redis ACL users (queue access on the Redis Streams path) ---------------------------
-def acl_keys(endpoint_id: str) -> list[str]:
-    """The endpoint's task and control queues, and its lanes' task queues: the privileged
-    process of a multi-user endpoint hands a lane the first tasks of a new binding and takes
-    back what is left in a lane it closed (lambdas/core/identity/lanes.py)."""
+def consumed_queues(endpoint_id: str) -> list[str]:
+    """The endpoint's task and control queues, and its lanes' task queues (a pattern): the
+    privileged process of a multi-user endpoint takes back what is left in a lane it closed."""
     s = settings()
-    return [*queue_acl.queue_keys(s.task_queue_name(endpoint_id), s.control_queue_name(endpoint_id)),
-            s.lane_queue_name(endpoint_id, "*")]
+    return [s.task_queue_name(endpoint_id), s.control_queue_name(endpoint_id), s.lane_queue_name(endpoint_id, "*")]
+
+
+def fed_queues(endpoint_id: str) -> list[str]:
+    """Its lanes' task queues: it hands a lane the first tasks of a new binding
+    (lambdas/core/identity/lanes.py)."""
+    return [settings().lane_queue_name(endpoint_id, "*")]
 
 
 def grant_queue_access(endpoint_id: str, digest: str) -> None:
-    queue_acl.set_user(acl_user(endpoint_id), digest, acl_keys(endpoint_id))
+    queue_acl.set_user(acl_user(endpoint_id), digest, consumed_queues(endpoint_id), fed_queues(endpoint_id))
+
+
+def refresh_queue_logins() -> int:
+    """Give every endpoint's and lane's queue login the rules of today's table (logins kept in
+    the ACL file of a Redis that an older service made keep their passwords). Returns how
+    many were rewritten."""
+    done = 0
+    for user, (hashes, patterns) in queue_acl.existing("ep-", "ln-").items():
+        if len(hashes) != 1:
+            continue
+        if user.startswith("ep-"):
+            endpoint_id = user[3:]
+            queue_acl.set_user(user, hashes[0], consumed_queues(endpoint_id), fed_queues(endpoint_id))
+        else:
+            results = settings().results_queue_name
+            consumed = sorted({p for p in patterns if p != results and not p.endswith((":leases", ":dlq"))})
+            queue_acl.set_user(user, hashes[0], consumed)
+        done += 1
+    return done
 
 
 def scoped_redis_url(endpoint_id: str, credential: str) -> str:
@@ -103,7 +126,9 @@ def descriptors(endpoint_id: str, credential: Optional[str]) -> dict:
     the endpoint's ACL user; with `credential` (just issued to the owner) they carry its
     secret, else the agent puts in the secret of the credential it holds (the service
     keeps only a hash). On SQS, the agent role's session credentials narrowed to the
-    endpoint's queues come along when the deployment names the role."""
+    endpoint's queues come along when the deployment names the role. On both, the key the
+    agent seals its results with (skyfn.protocol.result_seal), for agents that hold no
+    credential (behind a user authorizer)."""
     from skyfn.protocol.api import QueueDescriptor
 
     _, task = deps.task_queue(endpoint_id)
@@ -116,7 +141,8 @@ def descriptors(endpoint_id: str, credential: Optional[str]) -> dict:
         task, results, control = (QueueDescriptor(kind="redis", name=d.name, url=url) for d in (task, results, control))
     else:
         out["aws_credentials"] = sqs_session(endpoint_id)
-    out.update(task_queue=task, results_queue=results, control_queue=control)
+    out.update(task_queue=task, results_queue=results, control_queue=control,
+               results_key=result_seal.key_of_credential(credential) if credential else results_key(endpoint_id))
     return out
 
 

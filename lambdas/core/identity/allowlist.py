@@ -9,15 +9,16 @@ the function. The agent checks every task again (endpoint_agent/allowlist.py).
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 import orjson
 
+from lambdas.adapters.redis_store.endpoint_allowlists import ALLOW_FIELD
 from lambdas.core import deps
 from lambdas.core.errors import Forbidden
 from skyfn.protocol.allowlist import AllowedFunction, permits, refusal
 
-FIELD = "allow"        # in the hot record ep:<id>
+FIELD = ALLOW_FIELD     # in the hot record ep:<id>
 ITEM_FIELD = "allowed"  # in the DynamoDB item
 
 
@@ -33,17 +34,14 @@ def decode(raw: Optional[bytes | str]) -> Optional[list[AllowedFunction]]:
     return [AllowedFunction.model_validate(e) for e in orjson.loads(raw)]
 
 
-def update(endpoint_id: str, entries: Optional[list[AllowedFunction]]) -> None:
-    """The agent reported its list (a heartbeat): keep it where it changed."""
-    r = deps.redis_client()
+def update(endpoint_id: str, entries: Optional[list[AllowedFunction]], current: Any = ...) -> None:
+    """The agent reported its list (a heartbeat): keep it where it changed. `current`: the
+    encoded list the caller read with the endpoint's record (None: none), else read here."""
+    hot = deps.endpoint_allowlists()
     new = encode(entries)
-    old = r.hget(f"ep:{endpoint_id}", FIELD)
-    if (old.decode() if old is not None else None) == new:
+    if (hot.allowlist(endpoint_id) if current is ... else current) == new:
         return
-    if new is None:
-        r.hdel(f"ep:{endpoint_id}", FIELD)
-    else:
-        r.hset(f"ep:{endpoint_id}", FIELD, new)
+    hot.set_allowlist(endpoint_id, new)
     db = deps.dynamo()
     item = db.get_endpoint(endpoint_id)
     if item is not None:
@@ -70,11 +68,7 @@ def enforce(pairs: Iterable[tuple[str, str]], functions: Mapping[str, object],
     lists = {ep: (known[ep].get(FIELD), known[ep].get("name")) for ep in eps if ep in known}
     unread = [ep for ep in eps if ep not in known]
     if unread:
-        pipe = deps.redis_client().pipeline(transaction=False)
-        for ep in unread:
-            pipe.hmget(f"ep:{ep}", FIELD, "name")
-        for ep, values in zip(unread, pipe.execute()):
-            lists[ep] = tuple(v.decode() if v is not None else None for v in values)
+        lists.update(deps.endpoint_allowlists().allowlists_and_names(unread))
     for ep in eps:
         raw, name = lists[ep]
         entries = decode(raw)

@@ -1,5 +1,5 @@
 """What an authenticated caller may reach before routing: endpoint agents only their own
-endpoint's agent routes (connect, heartbeat, lanes); everyone within their rate limit
+endpoint's agent routes (connect, heartbeat, lanes, task-states, direct/listen); everyone within their rate limit
 (lambdas/core/identity/limits.py). Returns (status, body, headers) of the refusal, or None."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Optional
 from lambdas.core.identity import limits
 
 # (method, path) an endpoint agent may call, the endpoint id first in the path
-_AGENT_ROUTES = (("POST", re.compile(r"^/endpoints/([A-Za-z0-9-]{1,64})/(heartbeat|connect|lanes)$")),
+_AGENT_ROUTES = (("POST", re.compile(r"^/endpoints/([A-Za-z0-9-]{1,64})/(heartbeat|connect|lanes|task-states|direct/listen)$")),
                  ("DELETE", re.compile(r"^/endpoints/([A-Za-z0-9-]{1,64})/lanes/[^/]+$")))
 
 
@@ -30,8 +30,8 @@ def check(identity, method: str, path: str) -> Optional[tuple[int, dict, dict]]:
     if identity.is_agent:
         if _agent_route_of(method, path) != identity.endpoint_id:
             return _refuse(403, "forbidden", "an endpoint credential only serves its own endpoint's agent routes "
-                                             "(POST /endpoints/<id>/connect, /heartbeat and /lanes, DELETE "
-                                             "/endpoints/<id>/lanes/<lane>); use a user token")
+                                             "(POST /endpoints/<id>/connect, /heartbeat, /lanes, /task-states and /direct/listen, "
+                                             "DELETE /endpoints/<id>/lanes/<lane>); use a user token")
         principal = f"endpoint:{identity.endpoint_id}"
     else:
         principal = f"user:{identity.user}"

@@ -2,8 +2,9 @@
 
 A team belongs to the user who created it; only the owner changes its members. Members
 see the team. Stored in DynamoDB (endpoints table, item `team#<id>`: team_owner, name,
-members) and in Redis (`team:<id>` hash o/name, `team:<id>:m` set of members,
-`teams_of:<user>` set of team ids), which access checks read. Removing a member takes
+members) and in the hot store (`team:<id>` hash o/name, `team:<id>:m` set of members,
+`teams_of:<user>` set of team ids; lambdas/adapters/redis_store/teams_store.py), which
+access checks read. Removing a member takes
 effect for the next request.
 """
 from __future__ import annotations
@@ -11,14 +12,13 @@ from __future__ import annotations
 import time
 
 from lambdas.core import deps
-from lambdas.core.errors import NotFound, ServiceError
+from lambdas.core.errors import Invalid, NotFound
 from lambdas.core.ids import is_uuid, new_id
 
 MAX_MEMBERS = 1000
 
 
-class InvalidTeam(ServiceError):
-    status = 422
+class InvalidTeam(Invalid):
     code = "invalid_team"
 
 
@@ -41,25 +41,14 @@ def create(owner: str, name: str, members: list[str]) -> dict:
 
 
 def _cache(team_id: str, owner: str, name: str, members: list[str]) -> None:
-    r = deps.redis_client()
-    old = {m.decode() for m in r.smembers(f"team:{team_id}:m")}
-    pipe = r.pipeline(transaction=True)
-    pipe.hset(f"team:{team_id}", mapping={"o": owner, "name": name})
-    pipe.delete(f"team:{team_id}:m")
-    pipe.sadd(f"team:{team_id}:m", *members)
-    for gone in old - set(members):
-        pipe.srem(f"teams_of:{gone}", team_id)
-    for m in members:
-        pipe.sadd(f"teams_of:{m}", team_id)
-    pipe.execute()
+    deps.teams().cache_team(team_id, owner, name, members)
 
 
 def _record(team_id: str) -> dict:
-    r = deps.redis_client()
-    raw = r.hgetall(f"team:{team_id}")
-    if raw:
-        return {"owner": raw[b"o"].decode(), "name": raw[b"name"].decode(),
-                "members": sorted(m.decode() for m in r.smembers(f"team:{team_id}:m"))}
+    hot = deps.teams().team(team_id)
+    if hot is not None:
+        owner, name, members = hot
+        return {"owner": owner, "name": name, "members": members}
     item = deps.dynamo().endpoints.get_item(Key={"endpoint_id": f"team#{team_id}"}).get("Item") \
         if is_uuid(team_id) else None
     if not item or "team_owner" not in item:
@@ -97,4 +86,4 @@ def set_member(user: str, team_id: str, member: str, present: bool) -> dict:
 
 
 def teams_of(user: str) -> set[str]:
-    return {t.decode() for t in deps.redis_client().smembers(f"teams_of:{user}")}
+    return deps.teams().teams_of(user)

@@ -1,11 +1,7 @@
 """Globus Flows actions: a flow step runs a registered function on an endpoint as one skyfn
-task, and the Action Provider routes (lambdas/action_provider.py) report on it.
-
-  ap:<action_id>             hash: u creator (skyfn user), t task id, r request_id, h digest of
-                             the request, l label, mon / man monitor_by / manage_by (JSON),
-                             st start time, ra release_after, dl deadline
-  apreq:<user>:<request_id>  the action a request_id started (a repeat returns it; other
-                             content under the same request_id is a 409)
+task, and the Action Provider routes (lambdas/action_provider.py) report on it. An action's
+record, and the action each request_id started, are kept in the hot store
+(lambdas/adapters/redis_store/action_store.py).
 
 The task is submitted through the service core (tasks.submit: sharing, allowlists, memo,
 idempotency all apply), with the request_id as its idempotency key. Task states map to
@@ -30,7 +26,7 @@ import orjson
 
 from lambdas.core import deps
 from lambdas.core.tasks import tasks
-from lambdas.core.errors import Conflict, NotFound, ServiceError
+from lambdas.core.errors import Conflict, Invalid, NotFound
 from lambdas.core.ids import is_uuid, new_id
 from skyfn.protocol.actions import API_VERSION, PREFIX, ActionRequest, RunFunction
 from skyfn.protocol.api import SubmitTasks, TaskRequest
@@ -49,8 +45,7 @@ _FAILED = {"FAILED": ("TaskFailed", "Failed"), "TIMED_OUT": ("TaskTimedOut", "Ti
            "CANCELLED": ("Cancelled", "Cancelled")}
 
 
-class InvalidAction(ServiceError):
-    status = 422
+class InvalidAction(Invalid):
     code = "invalid_request"
 
 
@@ -73,10 +68,6 @@ def _iso(ts: Optional[float]) -> Optional[str]:
     return None if ts is None else datetime.fromtimestamp(ts, tz=timezone.utc).isoformat()
 
 
-def _key(action_id: str) -> str:
-    return f"ap:{action_id}"
-
-
 def describe(scope: str, admin_contact: str) -> dict[str, Any]:
     """The provider's introspection document."""
     return {
@@ -94,7 +85,7 @@ def describe(scope: str, admin_contact: str) -> dict[str, Any]:
 def run(user: str, req: ActionRequest, submitter: Optional[dict[str, str]] = None) -> tuple[dict[str, Any], bool]:
     """Start the action (or return the one this request_id started). Returns (status, created).
     `submitter`: the caller's identity claims, sent with the task (tasks.submit)."""
-    r = deps.redis_client()
+    actions = deps.action_store()
     digest = hashlib.sha256(req.model_dump_json().encode()).hexdigest()
     release_after = req.release_after or DEFAULT_RELEASE_AFTER
     keep = duration_seconds(release_after)
@@ -105,13 +96,12 @@ def run(user: str, req: ActionRequest, submitter: Optional[dict[str, str]] = Non
         deadline = _parse_time(req.deadline)
         if deadline <= time.time():
             raise InvalidAction(f"deadline {req.deadline} has passed: give a time in the future")
-    req_key = f"apreq:{user}:{req.request_id}"
-    existing = r.get(req_key)
+    existing = actions.started_by(user, req.request_id)
     if existing is not None:
-        rec = _record(existing.decode())
+        rec = _record(existing)
         if rec is not None:
             if rec["h"] != digest:
-                raise Conflict(f"request_id {req.request_id!r} already started action {existing.decode()} with other "
+                raise Conflict(f"request_id {req.request_id!r} already started action {existing} with other "
                                "content: use a new request_id for a new action")
             return _status(rec), False
     body = req.body
@@ -128,13 +118,10 @@ def run(user: str, req: ActionRequest, submitter: Optional[dict[str, str]] = Non
         rec["l"] = req.label
     if req.deadline:
         rec["dl"] = req.deadline
-    pipe = r.pipeline(transaction=True)
-    pipe.hset(_key(action_id), mapping=rec)
-    pipe.expire(_key(action_id), ttl)
-    pipe.execute()
-    if not r.set(req_key, action_id, nx=True, ex=ttl):  # a concurrent repeat got there first: its action
-        r.delete(_key(action_id))                       # (the same task: same idempotency key)
-        winner = _record(r.get(req_key).decode())
+    actions.create(action_id, rec, ttl)
+    if not actions.claim_request(user, req.request_id, action_id, ttl):  # a concurrent repeat got there first:
+        actions.delete(action_id)                                     # its action (the same task: same key)
+        winner = _record(actions.started_by(user, req.request_id) or "")
         if winner is None:
             raise Conflict(f"request_id {req.request_id!r} is being started by another request: retry it")
         return _status(winner), False
@@ -154,10 +141,9 @@ def _parse_time(text: str) -> float:
 
 # --- reading --------------------------------------------------------------------------------
 def _record(action_id: str) -> Optional[dict[str, str]]:
-    raw = deps.redis_client().hgetall(_key(action_id))
-    if not raw:
+    rec = deps.action_store().record(action_id) if action_id else {}
+    if not rec:
         return None
-    rec = {k.decode(): v.decode() for k, v in raw.items()}
     rec["id"] = action_id
     return rec
 
@@ -232,9 +218,7 @@ def _status(rec: dict[str, str]) -> dict[str, Any]:
         out["label"] = rec["l"]
     if status != "ACTIVE":
         out["completion_time"] = _iso(done_ts or time.time())
-        r = deps.redis_client()
-        if r.exists(_key(rec["id"])):  # not when a release removed it meanwhile
-            r.hset(_key(rec["id"]), "fin", orjson.dumps(out))
+        deps.action_store().keep_final(rec["id"], orjson.dumps(out))  # not when a release removed it meanwhile
     return out
 
 
@@ -259,8 +243,7 @@ def release(user: str, action_id: str) -> dict[str, Any]:
     if out["status"] == "ACTIVE":
         raise Conflict(f"action {action_id} is still ACTIVE: cancel it ({PREFIX}/actions/{action_id}/cancel) or "
                        "wait for it to complete before releasing it")
-    r = deps.redis_client()
-    r.delete(_key(action_id), f"apreq:{rec['u']}:{rec['r']}")
+    deps.action_store().release(action_id, rec["u"], rec["r"])
     return out
 
 

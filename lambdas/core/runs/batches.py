@@ -10,11 +10,8 @@ so every task id of the batch ends in a final state. progress (step, polled betw
 Wait states): settles the tasks that finished since the last check and says whether the
 batch is COMPLETE, NOT_ROUTED (no chunk routed), TIMED_OUT or still RUNNING.
 
-  batch:<id>          hash: o owner, n tasks, m chunks, e endpoint, f function, c created,
-                      d deadline, run run id
-  batch:<id>:chunks   hash: chunk -> "ok:<tasks>" | JSON {tasks, error, cause}
-  batch:<id>:pending  set of routed task ids not yet seen in a final state
-  batch:<id>:counts   hash: final state -> tasks
+Its records in the hot store (the batch, its chunks' reports, its pending tasks, the
+counts of final states) are laid out in lambdas/adapters/redis_store/batch_store.py.
 """
 from __future__ import annotations
 
@@ -26,6 +23,7 @@ from typing import Any
 import orjson
 
 from lambdas.adapters import aws
+from lambdas.adapters.redis_store.lua_rows import CreateRow
 from lambdas.core import deps
 from lambdas.core.identity import allowlist
 from lambdas.core.tasks import backlog, idempotency, push, registry, tasks
@@ -44,30 +42,6 @@ MAX_REPORTED_CHUNKS = 100   # failed chunks listed in a summary (the state paylo
 # about 9, so the wait grows with the deadline to keep the loop under this many rounds.
 MAX_CHECKS = 2000
 FINAL_BATCH_STATES = ("COMPLETE", "NOT_ROUTED", "TIMED_OUT")
-
-# Moves finished tasks out of the pending set and counts their final states, atomically
-# (two concurrent checks never count a task twice). A record gone from the hot store
-# (retrieved and purged) counts as PURGED.
-_SETTLE = """
-local pending, counts = KEYS[1], KEYS[2]
-local settled = 0
-for i, id in ipairs(ARGV) do
-  local s = redis.call('HGET', 't:' .. id, 's')
-  local final = nil
-  if not s then final = 'PURGED'
-  elseif s == 'SUCCEEDED' or s == 'FAILED' or s == 'TIMED_OUT' or s == 'CANCELLED' then final = s end
-  if final and redis.call('SREM', pending, id) == 1 then
-    redis.call('HINCRBY', counts, final, 1)
-    settled = settled + 1
-  end
-end
-return settled
-"""
-
-
-def _key(batch_id: str, part: str = "") -> str:
-    return f"batch:{batch_id}" + (f":{part}" if part else "")
-
 
 def _chunks(task_ids: list[str], payloads: list[str]):
     start, size = 0, 0
@@ -115,11 +89,9 @@ def _submit(owner: str, req: SubmitBatch) -> dict[str, Any]:
         manifest = list(pool.map(stage, range(len(bounds))))
     aws.put_json(bucket, f"{prefix}/manifest.json", manifest)
     now = time.time()
-    r = deps.redis_client()
-    r.hset(_key(batch_id), mapping={"o": owner, "n": len(task_ids), "m": len(bounds), "e": req.endpoint_id,
-                                    "f": req.function_id, "c": f"{now:.6f}",
-                                    "d": f"{now + req.deadline_seconds:.6f}", "run": batch_id})
-    r.expire(_key(batch_id), BATCH_TTL)
+    deps.batch_store().create(batch_id, {"o": owner, "n": len(task_ids), "m": len(bounds), "e": req.endpoint_id,
+                                         "f": req.function_id, "c": f"{now:.6f}",
+                                         "d": f"{now + req.deadline_seconds:.6f}", "run": batch_id}, BATCH_TTL)
     _, arn = runs.start(owner, "batch", machine, {"batch_id": batch_id, "bucket": bucket,
                                                   "manifest_key": f"{prefix}/manifest.json",
                                                   "poll_seconds": req.poll_seconds}, run_id=batch_id)
@@ -128,7 +100,7 @@ def _submit(owner: str, req: SubmitBatch) -> dict[str, Any]:
 
 
 def batch_record(owner: str, batch_id: str) -> dict[str, str]:
-    raw = {k.decode(): v.decode() for k, v in deps.redis_client().hgetall(_key(batch_id)).items()}
+    raw = deps.batch_store().record(batch_id)
     if raw.get("o") != owner:
         raise NotFound(f"batch {batch_id} not found")
     return raw
@@ -156,13 +128,7 @@ def route_chunk(event: dict[str, Any]) -> dict[str, Any]:
                       idempotency_key=f"batch:{chunk['batch_id']}:{chunk['chunk']}",
                       tasks=[TaskRequest(function_id=chunk["function_id"], payload=t[1]) for t in chunk["tasks"]])
     tasks.submit(owner, req, task_ids=ids)  # no token here: the packs carry the owner's kept identity claims
-    batch_id = chunk["batch_id"]
-    pipe = deps.redis_client().pipeline(transaction=True)
-    pipe.sadd(_key(batch_id, "pending"), *ids)
-    pipe.hset(_key(batch_id, "chunks"), str(chunk["chunk"]), f"ok:{len(ids)}")
-    for part in ("pending", "chunks"):
-        pipe.expire(_key(batch_id, part), BATCH_TTL)
-    pipe.execute()
+    deps.batch_store().chunk_reported(chunk["batch_id"], chunk["chunk"], f"ok:{len(ids)}", ids, BATCH_TTL)
     return {"chunk": chunk["chunk"], "routed": len(ids)}
 
 
@@ -178,48 +144,30 @@ def chunk_failed(event: dict[str, Any]) -> dict[str, Any]:
     chunk = aws.get_json(event["bucket"], event["chunk"]["key"])
     batch_id, owner = chunk["batch_id"], chunk["owner"]
     ids = [t[0] for t in chunk["tasks"]]
-    r = deps.redis_client()
-    pipe = r.pipeline(transaction=False)
-    for tid in ids:
-        pipe.exists(f"t:{tid}")
-    exists = pipe.execute()
+    batches = deps.batch_store()
+    exists = batches.tasks_exist(ids)
     created = [tid for tid, e in zip(ids, exists) if e]
-    missing = [[tid, chunk["function_id"], chunk["endpoint_id"], chunk["max_retries"]]
-               for tid, e in zip(ids, exists) if not e]
+    missing = [CreateRow(task_id=tid, function_id=chunk["function_id"], endpoint_id=chunk["endpoint_id"],
+                         max_retries=chunk["max_retries"]) for tid, e in zip(ids, exists) if not e]
     store = deps.store()
     if missing:
         now = time.time()
         store.create(owner, f"batch-{batch_id}", missing, now, now)
-        push.notify(store.fail_unqueued([m[0] for m in missing], f"not routed: {name}: {cause}"[:2000]))
-    pipe = r.pipeline(transaction=True)
-    pipe.sadd(_key(batch_id, "pending"), *ids)  # the failed ones settle as FAILED at the next check
-    if created:
-        pipe.hset(_key(batch_id, "chunks"), str(chunk["chunk"]), f"ok:{len(ids)}")
-    else:
-        pipe.hset(_key(batch_id, "chunks"), str(chunk["chunk"]),
-                  orjson.dumps({"tasks": len(ids), "error": name, "cause": cause[:1000]}))
-    for part in ("pending", "chunks"):
-        pipe.expire(_key(batch_id, part), BATCH_TTL)
-    pipe.execute()
+        push.notify(store.fail_unqueued([m.task_id for m in missing], f"not routed: {name}: {cause}"[:2000]))
+    # every task pending: the failed ones settle as FAILED at the next check
+    report = f"ok:{len(ids)}" if created else orjson.dumps({"tasks": len(ids), "error": name, "cause": cause[:1000]})
+    batches.chunk_reported(batch_id, chunk["chunk"], report, ids, BATCH_TTL)
     return {"chunk": chunk["chunk"], "failed": len(missing), "error": name}
 
 
 def progress(batch_id: str, poll_seconds: int = 2, final_check: bool = True) -> dict[str, Any]:
     """Settle finished tasks and summarize. `final_check`: called by the state machine
     after the Map, when every chunk has reported (a chunk without a report is lost)."""
-    r = deps.redis_client()
-    rec = {k.decode(): v.decode() for k, v in r.hgetall(_key(batch_id)).items()}
-    if not rec:
+    settled = deps.batch_store().settle(batch_id)
+    if settled is None:
         raise NotFound(f"batch {batch_id} not found")
+    rec, chunk_reports, pending, counts = settled
     total, n_chunks = int(rec["n"]), int(rec["m"])
-    chunk_reports = {int(k): v.decode() for k, v in r.hgetall(_key(batch_id, "chunks")).items()}
-    settle = r.register_script(_SETTLE)
-    pending_key, counts_key = _key(batch_id, "pending"), _key(batch_id, "counts")
-    members = [m.decode() for m in r.smembers(pending_key)]
-    for i in range(0, len(members), 5000):
-        settle(keys=[pending_key, counts_key], args=members[i:i + 5000])
-    pending = r.scard(pending_key)
-    counts = {k.decode(): int(v) for k, v in r.hgetall(counts_key).items()}
     routed, failed = 0, []
     for chunk, report in sorted(chunk_reports.items()):
         if report.startswith("ok:"):

@@ -15,7 +15,7 @@ from lambdas.adapters import aws
 from lambdas.core.identity import allowlist
 from lambdas.core.tasks import registry
 from lambdas.core.runs import runs
-from lambdas.core.errors import ServiceError
+from lambdas.core.errors import Invalid
 from lambdas.core.runs.settings import run_settings
 from skyfn.protocol.flowspec import FlowError, MapNode, ParallelNode, SequenceNode, StepNode, compile_json
 from skyfn.protocol.runs import RunFlow, RunGroup
@@ -23,8 +23,7 @@ from skyfn.protocol.runs import RunFlow, RunGroup
 SPMD_WAIT_SECONDS = 5
 
 
-class InvalidFlow(ServiceError):
-    status = 422
+class InvalidFlow(Invalid):
     code = "invalid_flow"
 
 

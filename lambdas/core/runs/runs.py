@@ -1,8 +1,7 @@
 """Runs: every Step Functions execution the service starts for a user (a batch,
-a flow, an SPMD group) is a run, recorded in Redis under its id with its owner, so that
-GET /runs/{id} answers only its owner and reads the execution's state from Step Functions.
-
-  run:<id>   hash: o owner, k kind, x execution ARN, c created
+a flow, an SPMD group) is a run, recorded in the hot store under its id with its owner
+(lambdas/adapters/redis_store/run_store.py), so that GET /runs/{id} answers only its owner
+and reads the execution's state from Step Functions.
 """
 from __future__ import annotations
 
@@ -21,17 +20,16 @@ RUN_TTL = 30 * 86400
 def start(owner: str, kind: str, machine_arn: str, payload: Any, run_id: str | None = None) -> tuple[str, str]:
     """Start an execution of `machine_arn` named by the run id; returns (run_id, execution ARN)."""
     run_id = run_id or new_id()
-    r = deps.redis_client()
+    records = deps.run_store()
     # Recorded first: a handler of the execution may look the run up as soon as it starts.
-    r.hset(f"run:{run_id}", mapping={"o": owner, "k": kind, "c": f"{time.time():.6f}"})
-    r.expire(f"run:{run_id}", RUN_TTL)
+    records.create(run_id, owner, kind, time.time(), RUN_TTL)
     arn = aws.start(machine_arn, run_id, payload)
-    r.hset(f"run:{run_id}", "x", arn)
+    records.started(run_id, arn)
     return run_id, arn
 
 
 def record(owner: str, run_id: str) -> dict[str, str]:
-    raw = {k.decode(): v.decode() for k, v in deps.redis_client().hgetall(f"run:{run_id}").items()}
+    raw = deps.run_store().record(run_id)
     if raw.get("o") != owner or "x" not in raw:
         raise NotFound(f"run {run_id} not found")
     return raw

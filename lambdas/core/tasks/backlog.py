@@ -1,8 +1,9 @@
 """Backpressure for the hot store (issue 24): how far the history archiver is behind, and
 the refusal of new tasks while it is too far behind.
 
-The gauge reads, in one pipelined round trip, the length of the history outbox (records
-written to Redis and not yet archived: lambdas/history.py drains it), the memory Redis uses
+The gauge reads, in one pipelined round trip (lambdas/adapters/redis_store/backlog_store.py),
+the length of the history outbox (records written to Redis and not yet archived:
+lambdas/history.py drains it), the memory Redis uses
 and its maxmemory (INFO memory), and DBSIZE, which stands for the number of task records:
 every task is one `t:<id>` hash and the other keys (per owner, endpoint, idempotency key or
 session, not per task) are few next to them under load, so DBSIZE slightly over-counts and
@@ -49,40 +50,29 @@ class Backlog:
         return asdict(self)
 
 
-# (client, monotonic time read, Backlog): the last reading of this process
+# (figures port, monotonic time read, Backlog): the last reading of this process
 _last: Optional[tuple[Any, float, Backlog]] = None
 
 
-def _client(store: Any) -> Any:
-    """The Redis client of a TaskStore (its `r`), or `store` itself when it is a client."""
-    return getattr(store, "r", store)
+def read(figures: Any) -> Backlog:
+    """One uncached reading through `figures` (backlog_store.BacklogFigures): one round trip."""
+    f = figures.read()
+    per_task = max(0, f.used_bytes - f.startup_bytes) / f.keys if f.keys else 0.0
+    return Backlog(outbox=f.outbox, used_bytes=f.used_bytes, max_bytes=f.max_bytes, task_records=f.keys,
+                   bytes_per_task=round(per_task, 1))
 
 
-def read(client: Any) -> Backlog:
-    """One uncached reading: LLEN outbox, INFO memory and DBSIZE in one pipelined round trip."""
-    pipe = client.pipeline(transaction=False)
-    pipe.llen("outbox")
-    pipe.info("memory")
-    pipe.dbsize()
-    outbox, memory, keys = pipe.execute()
-    used = int(memory.get("used_memory") or 0)
-    startup = int(memory.get("used_memory_startup") or 0)
-    keys = int(keys or 0)
-    per_task = max(0, used - startup) / keys if keys else 0.0
-    return Backlog(outbox=int(outbox or 0), used_bytes=used, max_bytes=int(memory.get("maxmemory") or 0),
-                   task_records=keys, bytes_per_task=round(per_task, 1))
-
-
-def gauge(store: Any, max_age: float = 0.5) -> Backlog:
-    """The hot store's backlog, read at most every `max_age` seconds per process (0: now)."""
+def gauge(figures: Any = None, max_age: float = 0.5) -> Backlog:
+    """The hot store's backlog, read at most every `max_age` seconds per process (0: now);
+    `figures`: the port it is read through (the process's own by default)."""
     global _last
-    client = _client(store)
+    figures = figures if figures is not None else deps.backlog_figures()
     now = time.monotonic()
     last = _last
-    if last is not None and last[0] is client and now - last[1] < max_age:
+    if last is not None and last[0] is figures and now - last[1] < max_age:
         return last[2]
-    b = read(client)
-    _last = (client, now, b)
+    b = read(figures)
+    _last = (figures, now, b)
     return b
 
 
@@ -124,10 +114,10 @@ def retry_after(b: Backlog) -> int:
     return min(MAX_RETRY_AFTER, 1 + math.floor(over * 20))
 
 
-def check(store: Any = None) -> None:
+def check(figures: Any = None) -> None:
     """Raise Backlogged (429 backlog, Retry-After) while the backlog is over its bounds;
     called before a submission stores anything or claims its idempotency key."""
-    b = gauge(store if store is not None else deps.store())
+    b = gauge(figures)
     why = overloaded(b)
     if why is None:
         return

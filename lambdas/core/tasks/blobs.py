@@ -25,7 +25,7 @@ import uuid
 from typing import Any, Optional
 
 from lambdas.config import settings
-from lambdas.core.errors import ServiceError
+from lambdas.core.errors import Invalid
 from skyfn.protocol import blobs
 
 GET_SECONDS = 24 * 3600    # an argument may wait this long in a queue before the agent fetches it
@@ -35,13 +35,11 @@ UPLOAD_SECONDS = 3600
 _ARG_KEY = re.compile(r"^args/[0-9a-f]{16}/[0-9a-f-]{36}$")
 
 
-class InvalidBlob(ServiceError):
-    status = 422
+class InvalidBlob(Invalid):
     code = "invalid_blob"
 
 
-class BlobsDisabled(ServiceError):
-    status = 422
+class BlobsDisabled(Invalid):
     code = "blobs_disabled"
 
 

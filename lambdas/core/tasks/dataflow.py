@@ -23,12 +23,13 @@ import orjson
 from aws_lambda_powertools import Logger
 
 from lambdas.adapters.redis_store.graph import Released
+from lambdas.adapters.redis_store.lua_rows import FinishRow, WaitRow
 from lambdas.adapters.redis_store.rows import RECENT_MAX
 from lambdas.config import settings
 from lambdas.core import deps
 from lambdas.core.errors import Conflict, Forbidden, NotFound, ServiceError
 from lambdas.core.tasks import blobs, push, registry
-from lambdas.core.tasks.packs import pack_specs, task_queue
+from lambdas.core.tasks.packs import pack_specs, task_queue, watch_dead_letters
 from skyfn.protocol.api import SubmitTasks
 from skyfn.protocol.dataflow import PARK_FEATURE, local_entry, make_envelope, parse_input
 
@@ -40,7 +41,6 @@ HOLD_SECONDS = 60.0    # a taken release not marked sent by then is offered agai
 
 
 class InvalidInput(ServiceError):
-    status = 400
     code = "invalid_input"
 
 
@@ -78,12 +78,9 @@ def inputs_of(owner: str, req: SubmitTasks, task_ids: list[str]) -> dict[int, li
 def _check_owned(owner: str, ids: list[str]) -> None:
     if not ids:
         return
-    pipe = deps.redis_client().pipeline(transaction=False)
-    for tid in ids:
-        pipe.hget(f"t:{tid}", "o")
-    owners = dict(zip(ids, pipe.execute()))
+    owners = deps.store().owners_of(ids)
     for tid, o in owners.items():
-        if o is not None and o.decode() != owner:
+        if o is not None and o != owner:
             raise NotYourTask(f"input task {tid} is not a task of yours: a task may only take the results of "
                               "its submitter's own tasks")
     gone = [tid for tid, o in owners.items() if o is None]
@@ -106,7 +103,7 @@ def parks(record: Mapping[str, str] | None) -> bool:
 
 def waiting_row(task_id: str, function_id: str, endpoint_id: str, max_retries: int, tag: str | None,
                 inputs: list[str], spec: dict[str, Any], extra: dict[str, Any], multi_user: bool,
-                parkable: bool = False) -> list[Any]:
+                parkable: bool = False) -> WaitRow:
     """A row of store_waiting: the task and what its pack will carry once released.
     `parkable`: its endpoint's agent releases parked dependents (`parks`); a multi-user
     endpoint's lanes do not share their workers' results, and GlobusFiles are staged first."""
@@ -114,11 +111,11 @@ def waiting_row(task_id: str, function_id: str, endpoint_id: str, max_retries: i
     if multi_user:
         pack["mu"] = 1
     staged = spec.get("stage_in") or spec.get("stage_out")
-    return [task_id, function_id, endpoint_id, max_retries, tag, inputs, orjson.dumps(pack).decode(),
-            parkable and not (multi_user or staged)]
+    return WaitRow(task_id, function_id, endpoint_id, max_retries, tag, inputs, orjson.dumps(pack).decode(),
+                   parkable and not (multi_user or staged))
 
 
-def store_waiting(owner: str, submission_id: str, rows: list[list[Any]], created: float) -> None:
+def store_waiting(owner: str, submission_id: str, rows: list[WaitRow], created: float) -> None:
     """Store tasks with inputs (waiting_row rows, in request order) and send those whose
     inputs all SUCCEEDED already; those an input already failed end at once (announced)."""
     store = deps.store()
@@ -202,21 +199,22 @@ def _send(store, endpoint_id: str, owner: str, extra: dict[str, Any], multi_user
     try:
         functions = registry.function_bodies(owner, {r.pack["spec"]["function_id"] for r in items})
     except NotFound as exc:  # a function deleted while its callers waited
-        push.notify(store.finish([[tid, "FAILED", None, None, f"could not be sent: {exc.message}", ""]
+        push.notify(store.finish([FinishRow(task_id=tid, state="FAILED", reason=f"could not be sent: {exc.message}")
                                   for tid in done])[3])
         return done
-    failed: list[list[Any]] = []
+    failed: list[FinishRow] = []
     specs: list[dict[str, Any]] = []
     for r in items:
         spec, why = _released_spec(owner, r)
         if spec is None:
-            failed.append([r.task_id, "FAILED", None, None, why, ""])
+            failed.append(FinishRow(task_id=r.task_id, state="FAILED", reason=why))
         else:
             specs.append(spec)
     if specs:
         bodies = {fid: f.body for fid, f in functions.items()}
         queue = task_queue(endpoint_id, multi_user, extra.get("identity") or {"id": owner}, extra.get("user_config"))
         queue.send(list(pack_specs(endpoint_id, specs, bodies, functions, owner, extra)))
+        watch_dead_letters([endpoint_id])
     if failed:
         push.notify(store.finish(failed)[3])
     return done

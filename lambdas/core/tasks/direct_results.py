@@ -12,8 +12,9 @@ read as for any task. Nothing is pushed: the SDK received these results from the
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
+from lambdas.adapters.redis_store.lua_rows import DirectRow, FinishRow
 from lambdas.core import deps
 from skyfn.protocol.messages import TaskResult
 from skyfn.protocol.states import format_events
@@ -26,19 +27,20 @@ def _dispatched(result: TaskResult, now: float) -> float:
     return result.events[0][1] if result.events else now
 
 
-def rows(results: Sequence[TaskResult], outcomes: Sequence[list[Any]], now: float) -> list[list[Any]]:
+def rows(results: Sequence[TaskResult], outcomes: Sequence[FinishRow], now: float) -> list[DirectRow]:
     """Store rows of `results` (TaskStore.record_direct); `outcomes`, the results' rows as
-    the results function checked them ([task_id, state, result, error, reason, ...])."""
+    the results function checked them (FinishRow)."""
     out = []
     for r, o in zip(results, outcomes):
         at = _dispatched(r, now)
         events = f"CREATED@{at:.6f};QUEUED@{at:.6f};" + format_events(r.events)
-        out.append([r.task_id, r.session, r.function_id or "", o[1], o[2], o[3], o[4], events, r.stdout, r.stderr,
-                    f"{at:.6f}"])
+        out.append(DirectRow(task_id=r.task_id, session=r.session, function_id=r.function_id or "", state=o.state,
+                             result=o.result, error=o.error, reason=o.reason, events=events, stdout=r.stdout,
+                             stderr=r.stderr, created=f"{at:.6f}"))
     return out
 
 
-def record(endpoint_id: str, results: Sequence[TaskResult], outcomes: Sequence[list[Any]],
+def record(endpoint_id: str, results: Sequence[TaskResult], outcomes: Sequence[FinishRow],
            now: float) -> tuple[int, int, int]:
     """Record direct `results` sent by `endpoint_id`'s agent: (stored, duplicates, unknown)."""
     if not results:

@@ -3,7 +3,8 @@ submitted to a group (`group_id` instead of `endpoint_id`) is placed on one memb
 skyfn.placement — the engine the agent's interchange uses to pick managers.
 
 Workers of the policy are the members' names (default: each endpoint's registered name).
-The live state is read from Redis for each submission, in one pipeline:
+The live state is read from the hot store for each submission, in one round trip
+(lambdas/adapters/redis_store/group_store.py):
   - load:<endpoint> (lambdas/adapters/redis_store): unfinished tasks per function tag, counted up when a
     task is queued there and down when it becomes final, in the same scripts as the state
     changes — so affinity sees what is queued or running on each endpoint, and
@@ -31,7 +32,7 @@ import orjson
 from lambdas.core import deps
 from lambdas.core.identity import access
 from lambdas.core.tasks import registry
-from lambdas.core.errors import NotFound, ServiceError
+from lambdas.core.errors import Invalid, NotFound
 from lambdas.core.ids import is_uuid, new_id
 from skyfn.placement import LiveState, Policy, PolicyError, Scheduler, load_policy
 from skyfn.protocol.api import CreateEndpointGroup, SubmitTasks
@@ -40,13 +41,11 @@ DEFAULT_POLICY = "default:\n  - workers: \"*\"\n    strategy: shortest_backlog\n
 MAX_REASON = 2000
 
 
-class InvalidGroup(ServiceError):
-    status = 422
+class InvalidGroup(Invalid):
     code = "invalid_group"
 
 
-class InvalidPolicy(ServiceError):
-    status = 422
+class InvalidPolicy(Invalid):
     code = "invalid_policy"
 
 
@@ -103,13 +102,12 @@ def create(owner: str, body: CreateEndpointGroup) -> dict[str, Any]:
 
 
 def _cache(item: dict[str, Any]) -> None:
-    deps.redis_client().hset(f"grp:{item['group_id']}", mapping={
-        "o": item["group_owner"], "name": item["name"], "c": str(item["created"]), "members": item["members"],
-        "policy": item["policy"]})
+    deps.group_store().cache(item["group_id"], item["group_owner"], item["name"], item["created"], item["members"],
+                             item["policy"])
 
 
 def _record(owner: str, group_id: str) -> dict[str, Any]:
-    raw = {k.decode(): v.decode() for k, v in deps.redis_client().hgetall(f"grp:{group_id}").items()}
+    raw = deps.group_store().record(group_id)
     if not raw:
         item = deps.dynamo().get_group(group_id) if is_uuid(group_id) else None
         if item is not None:
@@ -124,23 +122,17 @@ def _record(owner: str, group_id: str) -> dict[str, Any]:
 
 def live_state(members: list[dict[str, str]]) -> tuple[LiveState, dict[str, dict[str, Any]]]:
     """The members as placement workers, read in one Redis round trip; also the raw figures."""
-    r = deps.redis_client()
-    pipe = r.pipeline(transaction=False)
-    for m in members:
-        pipe.hgetall(f"load:{m['endpoint_id']}")
-        pipe.hmget(f"ep:{m['endpoint_id']}", "st", "stats")
-    answers = pipe.execute()
+    answers = deps.group_store().live([m["endpoint_id"] for m in members])
     state = LiveState()
     figures: dict[str, dict[str, Any]] = {}
-    for i, m in enumerate(members):
-        load, (st, stats) = answers[2 * i], answers[2 * i + 1]
-        counts = {k.decode(): int(v) for k, v in load.items() if int(v) > 0}
+    for m, (load, st, stats) in zip(members, answers):
+        counts = {k: v for k, v in load.items() if v > 0}
         untagged = counts.pop("_", 0)
         try:
             capacity = int(orjson.loads(stats).get("workers") or 0) if stats else 0
         except (ValueError, TypeError, AttributeError):
             capacity = 0
-        status = st.decode() if st else "new"
+        status = st or "new"
         state.upsert(m["name"], capacity=max(0, capacity), online=status != "offline")
         state.set_running(m["name"], counts, untagged=untagged)
         figures[m["name"]] = {"status": status, "capacity": max(0, capacity), "tags": counts,
@@ -160,10 +152,12 @@ def info(owner: str, group_id: str) -> dict[str, Any]:
 
 # --- routing a submission ---------------------------------------------------------------
 def route(owner: str, req: SubmitTasks, containers: dict[str, Optional[str]],
-          tags: Optional[dict[str, Optional[str]]] = None) -> Routing:
+          tags: Optional[dict[str, Optional[str]]] = None,
+          records: Optional[dict[str, dict[str, str]]] = None) -> Routing:
     """Resolve every task's endpoint: its own or the batch's endpoint_id, or a member of its
     (or the batch's) group chosen by the group's policy. `tags`: the functions' tags when
-    the caller has read them already (registry.function_bodies), else they are read."""
+    the caller has read them already (registry.function_bodies), else they are read;
+    `records`: endpoints' hot records it read with them (the others are read here)."""
     tasks = req.tasks
     if req.endpoint_id and req.group_id:
         raise InvalidGroup("give the batch an endpoint_id or a group_id, not both")
@@ -177,7 +171,8 @@ def route(owner: str, req: SubmitTasks, containers: dict[str, Optional[str]],
             targets.append(("e", req.endpoint_id) if req.endpoint_id else ("g", req.group_id))
         else:
             raise NotFound(f"task {i} has no endpoint: give endpoint_id or group_id for the batch or for each task")
-    records = {ep: registry.check_endpoint(owner, ep) for ep in {v for k, v in targets if k == "e"}}
+    read = records or {}
+    records = {ep: registry.check_endpoint(owner, ep, read.get(ep)) for ep in {v for k, v in targets if k == "e"}}
     routing = Routing(endpoints=[v if k == "e" else "" for k, v in targets],
                       tags=tags if tags is not None else function_tags({t.function_id for t in tasks}),
                       records=records)
@@ -221,16 +216,8 @@ def outside_inputs(tasks: list) -> dict[str, tuple[str, int]]:
     ids = sorted({x for t in tasks for x in t.inputs or () if not x.startswith("#")})
     if not ids:
         return {}
-    pipe = deps.redis_client().pipeline(transaction=False)
-    for tid in ids:
-        pipe.hget(f"t:{tid}", "e")
-        pipe.hstrlen(f"t:{tid}", "res")
-    got = pipe.execute()
-    out = {}
-    for tid, ep, size in zip(ids, got[0::2], got[1::2]):
-        if ep:
-            out[tid] = (ep.decode(), size if 0 < size < INPUT_WEIGHT else INPUT_WEIGHT)
-    return out
+    return {tid: (ep, size if 0 < size < INPUT_WEIGHT else INPUT_WEIGHT)
+            for tid, (ep, size) in deps.task_fields().locations(ids).items()}
 
 
 def with_inputs(task, endpoints: list[str], outside: dict[str, tuple[str, int]]) -> Optional[dict[str, int]]:
@@ -252,11 +239,8 @@ def with_inputs(task, endpoints: list[str], outside: dict[str, tuple[str, int]])
 def function_tags(function_ids: set[str]) -> dict[str, Optional[str]]:
     """Tags of functions already cached by registry.function_bodies (one round trip)."""
     ids = sorted(function_ids)
-    pipe = deps.redis_client().pipeline(transaction=False)
-    for fid in ids:
-        pipe.hget(f"fn:{fid}", "meta")
     out: dict[str, Optional[str]] = {}
-    for fid, meta in zip(ids, pipe.execute()):
+    for fid, meta in zip(ids, deps.registry_cache().function_metas(ids)):
         out[fid] = orjson.loads(meta).get("tag") if meta else None
     return out
 
@@ -279,9 +263,8 @@ def place(owner: str, group_id: str, tags: list[Optional[str]], containers: list
             state.upsert(m["name"], online=False)
     by_name = {m["name"]: m["endpoint_id"] for m in rec["members"]}
     scheduler = Scheduler(policy, state)
-    r = deps.redis_client()
-    rr_key = f"grp:{group_id}:rr"
-    saved = {k.decode(): int(v) for k, v in r.hgetall(rr_key).items()}
+    groups = deps.group_store()
+    saved = groups.cursors(group_id)
     scheduler.set_cursors(saved)
     out: list[tuple[str, Optional[str]]] = []
     name_of = {m["endpoint_id"]: m["name"] for m in rec["members"]}
@@ -294,5 +277,5 @@ def place(owner: str, group_id: str, tags: list[Optional[str]], containers: list
             out.append(("", f"placement in endpoint group {rec['name']!r}: {d.reason}"[:MAX_REASON]))
     cursors = scheduler.cursors()
     if cursors and cursors != saved:
-        r.hset(rr_key, mapping=cursors)
+        groups.save_cursors(group_id, cursors)
     return out

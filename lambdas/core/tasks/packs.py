@@ -3,7 +3,8 @@ carry them (with the bodies of their functions, the submitter's identity and use
 and the queue they go to (the endpoint's, or a multi-user endpoint's lane)."""
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, Iterable
 
 import orjson
 
@@ -26,6 +27,12 @@ def task_queue(endpoint_id: str, multi_user: bool, who: dict[str, Any], user_con
         if lane is not None:
             return deps.lane_queue(endpoint_id, lane)[0]
     return deps.task_queue(endpoint_id)[0]
+
+
+def watch_dead_letters(endpoint_ids: Iterable[str]) -> None:
+    """After packs were sent to these endpoints: the reaper looks at their dead letters until
+    their queues are empty again (lambdas/core/tasks/dead_letters.py). One command."""
+    deps.dead_letter_watch().touch(endpoint_ids, time.time())
 
 
 def packs(endpoint_id, indices, task_ids, tasks, bodies, containers, tags=None, functions=None, owner=None,

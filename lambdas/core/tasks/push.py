@@ -4,8 +4,9 @@ returns its Notices (results, memo hits, cancels, expired leases, dead letters, 
 at submission); their writers pass them to `notify`. Two adapters behind it, chosen by
 SKYFN_PUSH:
 
-- ``redis`` (the embedded runtime's default): PUBLISH on ``push:<owner>``; the local
-  gateway's hub (infra/local/push_hub.py) fans the message out to the owner's connections;
+- ``redis`` (the embedded runtime's default): PUBLISH on ``push:<owner>``
+  (lambdas/adapters/redis_store/push_channel.py); the local gateway's hub
+  (infra/local/standins/push_hub.py) fans the message out to the owner's connections;
 - ``apigw`` (AWS): the owner's subscribed connections from the connection table
   (SKYFN_CONNECTION_TABLE: owner, connection_id, subscribed, peek, expires = TTL) and the API
   Gateway Management API's PostToConnection (SKYFN_WS_ENDPOINT, the stage's https URL);
@@ -26,7 +27,7 @@ from typing import Iterable
 
 from lambdas.adapters.redis_store.rows import Notice, Status
 from skyfn.protocol.blobs import HEADER as BLOB_HEADER
-from skyfn.protocol.push import CHANNEL_PREFIX, done_message, small_status
+from skyfn.protocol.push import done_message, small_status
 
 log = logging.getLogger("skyfn.push")
 
@@ -84,11 +85,7 @@ def notify(notices: list[Notice], statuses: dict[str, Status] | None = None) -> 
 def _publish(msgs: list[tuple[str, bytes, list[str]]]) -> int:
     from lambdas.core import deps
 
-    pipe = deps.redis_client().pipeline(transaction=False)
-    for owner, body, _ in msgs:
-        pipe.publish(CHANNEL_PREFIX + owner, body)
-    pipe.execute()
-    return len(msgs)
+    return deps.push_channels().publish((owner, body) for owner, body, _ in msgs)
 
 
 # -- AWS: connection table + API Gateway Management API ---------------------------------

@@ -7,18 +7,16 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from lambdas.adapters.redis_store import registry_store
+from lambdas.adapters.redis_store.endpoint_allowlists import ALLOW_FIELD
 from lambdas.config import settings
 from lambdas.core import deps
 from lambdas.core.identity import access, allowlist, direct_info
 from lambdas.core.errors import NotFound
 from lambdas.core.ids import is_uuid, new_id
-from skyfn.protocol.api import DirectInfo, EndpointInfo, FunctionInfo, RegisterEndpoint, RegisterFunction
+from skyfn.protocol.api import DirectInfo, EndpointInfo, FunctionInfo, HeartbeatAck, RegisterEndpoint, RegisterFunction
 
-ALL_ENDPOINTS = "ep-index"  # set: the ids of the endpoints cached in Redis (ep:<id>)
-
-
-def _dec(raw: dict[bytes, bytes]) -> dict[str, str]:
-    return {k.decode(): v.decode() for k, v in raw.items()}
+ALL_ENDPOINTS = registry_store.ALL_ENDPOINTS  # set: the ids of the endpoints cached in Redis (ep:<id>)
 
 
 # --- functions ------------------------------------------------------------------
@@ -45,22 +43,22 @@ def register_function(owner: str, body: RegisterFunction) -> str:
 
 
 def _cache_function(item: dict[str, Any]) -> None:
-    deps.redis_client().hset(f"fn:{item['function_id']}", mapping={
-        "o": item["owner"], "b": item["body"], "c": str(item["created"]),
-        "meta": orjson.dumps({k: item.get(k) for k in ("name", "tag", "container", "memoize")}),
-    })
+    deps.registry_cache().cache_function(item["function_id"], item["owner"], item["body"], item["created"],
+                                         orjson.dumps({k: item.get(k) for k in ("name", "tag", "container", "memoize")}))
 
 
-def function_bodies(owner: str, function_ids: set[str]) -> dict[str, FunctionBody]:
+def function_bodies(owner: str, function_ids: set[str], *, endpoints: Any = (),
+                    records: dict[str, dict[str, str]] | None = None) -> dict[str, FunctionBody]:
     """Body, container and memo default of functions the owner may run; unknown or foreign
-    ids raise NotFound."""
-    r = deps.redis_client()
+    ids raise NotFound. The hot records of `endpoints` are read in the same round trip into
+    `records` (for check_endpoint's `record`; ids without one are left out)."""
     ids = sorted(function_ids)
-    pipe = r.pipeline(transaction=False)
-    for fid in ids:
-        pipe.hmget(f"fn:{fid}", "o", "b", "meta")
+    eps = sorted(set(endpoints)) if records is not None else []
+    answers, found = deps.registry_cache().functions_and_endpoints(ids, eps)
+    if records is not None:
+        records.update(found)
     out: dict[str, FunctionBody] = {}
-    for fid, (o, b, meta) in zip(ids, pipe.execute()):
+    for fid, (o, b, meta) in zip(ids, answers):
         if o is None:
             item = deps.dynamo().get_function(fid) if is_uuid(fid) else None
             if item is None:
@@ -78,7 +76,7 @@ def function_bodies(owner: str, function_ids: set[str]) -> dict[str, FunctionBod
 
 
 def get_function(owner: str, function_id: str) -> FunctionInfo:
-    raw = _dec(deps.redis_client().hgetall(f"fn:{function_id}"))
+    raw = deps.registry_cache().function(function_id)
     if raw:
         meta = orjson.loads(raw["meta"])
         item = {"function_id": function_id, "owner": raw["o"], "created": float(raw["c"]), "body": raw["b"], **meta}
@@ -95,8 +93,8 @@ def get_function(owner: str, function_id: str) -> FunctionInfo:
 def register_endpoint(owner: str, body: RegisterEndpoint) -> tuple[EndpointInfo, bool]:
     """Register (or re-register) the owner's endpoint called body.name. Returns (info, created)."""
     db = deps.dynamo()
-    cached = deps.redis_client().get(f"epname:{owner}:{body.name}")
-    candidate = cached.decode() if cached else new_id()
+    cached = deps.registry_cache().endpoint_named(owner, body.name)
+    candidate = cached or new_id()
     # The name claim in DynamoDB decides; a Redis entry carries it across a registry that
     # lost its data (the embedded runtime's moto restarts empty), so the id and its queue stay.
     endpoint_id = db.claim_endpoint_name(owner, body.name, candidate)
@@ -130,49 +128,35 @@ def _set_allowlist(item: dict[str, Any], body: RegisterEndpoint) -> None:
 
 
 def _cache_endpoint(item: dict[str, Any]) -> None:
-    pipe = deps.redis_client().pipeline(transaction=False)
-    pipe.hset(f"ep:{item['endpoint_id']}", mapping={
-        "o": item["owner"], "name": item["name"], "c": str(item["created"]), "meta": item.get("metadata") or "{}",
-    })
-    if item.get(allowlist.ITEM_FIELD) is not None:  # the endpoint's allowlist (lambdas/core/identity/allowlist.py)
-        pipe.hset(f"ep:{item['endpoint_id']}", allowlist.FIELD, item[allowlist.ITEM_FIELD])
-    else:
-        pipe.hdel(f"ep:{item['endpoint_id']}", allowlist.FIELD)
-    pipe.set(f"epname:{item['owner']}:{item['name']}", item["endpoint_id"])
-    pipe.sadd(f"eps:{item['owner']}", item["endpoint_id"])
-    pipe.sadd(ALL_ENDPOINTS, item["endpoint_id"])
-    pipe.execute()
+    # with the endpoint's allowlist (lambdas/core/identity/allowlist.py)
+    deps.registry_cache().cache_endpoint(item["endpoint_id"], item["owner"], item["name"], item["created"],
+                                         item.get("metadata") or "{}", allowlist.FIELD,
+                                         item.get(allowlist.ITEM_FIELD))
 
 
 def cached_endpoint_ids() -> list[str]:
     """Every endpoint with a record in Redis (ep:<id>), from the index the records are
-    cached with. A store from before the index is scanned once to build it: the reaper
-    runs every few seconds and must not walk every task key each time."""
-    r = deps.redis_client()
-    ids = r.smembers(ALL_ENDPOINTS)
-    if not ids:
-        ids = {key[3:] for key in r.scan_iter(match="ep:*", count=1000)}
-        if ids:
-            r.sadd(ALL_ENDPOINTS, *ids)
-    return sorted(i.decode() if isinstance(i, bytes) else i for i in ids)
+    cached with (a store from before the index is scanned once to build it)."""
+    return deps.registry_cache().endpoint_ids()
 
 
 def _endpoint_record(endpoint_id: str) -> dict[str, str] | None:
-    r = deps.redis_client()
-    raw = _dec(r.hgetall(f"ep:{endpoint_id}"))
+    cache = deps.registry_cache()
+    raw = cache.endpoint(endpoint_id)
     if "o" not in raw:
         item = deps.dynamo().get_endpoint(endpoint_id) if is_uuid(endpoint_id) else None
         if item is None:
             return None
         _cache_endpoint(item)
-        raw = _dec(r.hgetall(f"ep:{endpoint_id}"))
+        raw = cache.endpoint(endpoint_id)
     return raw
 
 
-def check_endpoint(owner: str, endpoint_id: str) -> dict[str, str]:
+def check_endpoint(owner: str, endpoint_id: str, record: dict[str, str] | None = None) -> dict[str, str]:
     """The caller (`owner`) may run tasks on the endpoint: owns it or was granted a role.
-    Returns the endpoint's hot record (its allowlist among it), read once per request."""
-    rec = _endpoint_record(endpoint_id)
+    Returns the endpoint's hot record (its allowlist among it), read once per request
+    (`record`: already read in this request, by function_bodies)."""
+    rec = record if record is not None else _endpoint_record(endpoint_id)
     if rec is None or not access.allows("endpoint", endpoint_id, rec["o"], owner):
         raise NotFound(f"endpoint {endpoint_id} not found: list yours with Client.list_endpoints()")
     return rec
@@ -182,6 +166,11 @@ def endpoint_info(owner: str, endpoint_id: str) -> EndpointInfo:
     rec = _endpoint_record(endpoint_id)
     if rec is None or not access.allows("endpoint", endpoint_id, rec["o"], owner):
         raise NotFound(f"endpoint {endpoint_id} not found: list yours with Client.list_endpoints()")
+    return _info(endpoint_id, rec)
+
+
+def _info(endpoint_id: str, rec: dict[str, str]) -> EndpointInfo:
+    """The endpoint as its hot record says, with its queue's backlog."""
     hb = float(rec["hb"]) if rec.get("hb") else None
     queue, _ = deps.task_queue(endpoint_id)
     return EndpointInfo(endpoint_id=endpoint_id, name=rec["name"], owner=rec["o"], status=rec.get("st", "new"),
@@ -191,13 +180,16 @@ def endpoint_info(owner: str, endpoint_id: str) -> EndpointInfo:
 
 def list_endpoints(owner: str) -> list[EndpointInfo]:
     ids = {i["endpoint_id"] for i in deps.dynamo().list_endpoints(owner)}
-    ids |= {i.decode() for i in deps.redis_client().smembers(f"eps:{owner}")}
-    infos = [endpoint_info(owner, eid) for eid in ids]
+    ids |= deps.registry_cache().owner_endpoint_ids(owner)
+    # the owner's records in one round trip; one not cached (or not the owner's) as endpoint_info reads it
+    _, records = deps.registry_cache().functions_and_endpoints([], sorted(ids))
+    infos = [_info(eid, records[eid]) if records.get(eid, {}).get("o") == owner else endpoint_info(owner, eid)
+             for eid in ids]
     return sorted(infos, key=lambda e: e.created)
 
 
 def heartbeat(owner: str, endpoint_id: str, stats: dict[str, Any], agent_endpoint: str | None = None,
-              allowed: Any = ..., direct: DirectInfo | None = None, features: list[str] | None = None) -> EndpointInfo:
+              allowed: Any = ..., direct: DirectInfo | None = None, features: list[str] | None = None) -> HeartbeatAck:
     """From the endpoint's agent (its credential: `agent_endpoint`) or a user with 'manage'.
     `allowed`: the agent's allowlist as it stands (None: any function; ...: not reported).
     `direct`: the agent's direct channel (lambdas/core/identity/direct_info.py), published or, when
@@ -206,7 +198,11 @@ def heartbeat(owner: str, endpoint_id: str, stats: dict[str, Any], agent_endpoin
     heartbeat publishes too, but never withdraws: only the agent knows it has none. Anyone
     else the endpoint is shared with leaves it alone (they could point sessions at
     their own socket). `features`: what the agent understands beyond the base protocol, as
-    its own heartbeats report it (ft: what submission reads, e.g. dataflow.parks)."""
+    its own heartbeats report it (ft: what submission reads, e.g. dataflow.parks).
+
+    Every idle endpoint's steady cost, so it reads the record once and writes in one round
+    trip: the allowlist is compared with the record's, a channel is withdrawn only where the
+    record says one was published, and the answer is the heartbeat, not the backlog."""
     rec = _endpoint_record(endpoint_id)
     if rec is None:
         raise NotFound(f"endpoint {endpoint_id} not found: list yours with Client.list_endpoints()")
@@ -219,28 +215,26 @@ def heartbeat(owner: str, endpoint_id: str, stats: dict[str, Any], agent_endpoin
     else:
         access.require("endpoint", endpoint_id, rec["o"], owner, "manage",
                        f"endpoint {endpoint_id} (list yours with Client.list_endpoints())")
-    pipe = deps.redis_client().pipeline(transaction=False)
-    pipe.hset(f"ep:{endpoint_id}", mapping={"hb": f"{time.time():.6f}", "st": "online", "stats": orjson.dumps(stats)})
+    channel: Any = registry_store.KEEP
     if agent_endpoint is not None or (direct is not None and owner == rec["o"]):
-        direct_info.publish(pipe, endpoint_id, direct)
-    if agent_endpoint is not None:
-        pipe.hset(f"ep:{endpoint_id}", "ft", ",".join(features or ()))
-    pipe.execute()
+        if direct is not None:
+            channel = (direct.model_dump_json(exclude_defaults=True), direct_info.ttl_seconds())
+        elif rec.get(registry_store.DIRECT_FIELD):
+            channel = None
+    beat, encoded = f"{time.time():.6f}", orjson.dumps(stats)
+    deps.registry_cache().heartbeat(endpoint_id, beat, encoded, direct=channel,
+                                    features=(features or ()) if agent_endpoint is not None else None)
     if allowed is not ...:
-        allowlist.update(endpoint_id, allowed)
-    return endpoint_info(owner, endpoint_id)
+        allowlist.update(endpoint_id, allowed, current=rec.get(ALLOW_FIELD))
+    return HeartbeatAck(endpoint_id=endpoint_id, last_heartbeat=float(beat))
 
 
 def mark_silent_endpoints_offline() -> list[str]:
-    """Endpoints whose last heartbeat is older than the timeout go offline."""
-    r = deps.redis_client()
-    limit = time.time() - settings().heartbeat_timeout
-    offline = []
-    for endpoint_id in cached_endpoint_ids():
-        key = f"ep:{endpoint_id}"
-        hb, st = r.hmget(key, "hb", "st")
-        if st == b"online" and hb is not None and float(hb) < limit:
-            r.hset(key, "st", "offline")
-            offline.append(endpoint_id)
+    """Endpoints whose last heartbeat is older than the timeout go offline: one sweep of the
+    liveness index (lambdas/adapters/redis_store/liveness_store.py), which holds the
+    endpoints online by their last heartbeat; an endpoint that heartbeats is not read."""
+    live = deps.liveness()
+    live.build_once(cached_endpoint_ids)  # a store from before the index: once
+    offline = live.sweep_silent(time.time() - settings().heartbeat_timeout)
     direct_info.withdraw(offline)  # a silent agent takes no new direct sessions
     return offline

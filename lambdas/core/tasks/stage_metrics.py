@@ -66,11 +66,7 @@ def record(metrics: Any, task_ids: list[str]) -> None:
 
     from lambdas.core import deps
 
-    pipe = deps.redis_client().pipeline(transaction=False)
-    for tid in task_ids:
-        pipe.hget(f"t:{tid}", "ev")
-    texts = [v.decode() if isinstance(v, bytes) else v for v in pipe.execute()]
-    means, measured = stage_means(texts)
+    means, measured = stage_means(deps.task_fields().events(task_ids))
     for name, value in means.items():
         metrics.add_metric(name=name, unit=MetricUnit.Milliseconds, value=round(value, 3))
     metrics.add_metric(name="TasksMeasured", unit=MetricUnit.Count, value=measured)

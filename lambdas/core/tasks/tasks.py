@@ -18,12 +18,13 @@ import orjson
 
 from aws_lambda_powertools import Logger
 
+from lambdas.adapters.redis_store.lua_rows import CreateRow, FinishRow, MemoHitRow
 from lambdas.adapters.redis_store.rows import TaskRow
 from lambdas.config import settings
 from lambdas.core import deps
 from lambdas.core.identity import allowlist, lanes, submitters
 from lambdas.core.tasks import backlog, blobs, dataflow, groups, idempotency, memo, push, registry
-from lambdas.core.tasks.packs import pack_extra, packs, task_queue, task_spec
+from lambdas.core.tasks.packs import pack_extra, packs, task_queue, task_spec, watch_dead_letters
 from lambdas.core.errors import Conflict, NotFound, ServiceError, Unavailable
 from lambdas.core.ids import is_uuid, keyed_ids, new_id, new_ids
 from skyfn.protocol.api import SubmitTasks, TaskInfo, TaskStatus
@@ -32,12 +33,11 @@ from skyfn.protocol.states import FINAL_STATES, parse_events
 from skyfn.protocol.user_config import problem as user_config_problem
 
 logger = Logger(service="skyfn-tasks", child=True)
-HISTORY_LOOKUPS = 100  # ids per status call looked up in DynamoDB when gone from Redis
+HISTORY_PAGES = 64  # page groups (a second of task ids each) of the durable history one status call reads
 CLAIM_SECONDS = 15  # an idempotency key is held this long by an attempt that may have died
 
 
 class InvalidUserConfig(ServiceError):
-    status = 400
     code = "invalid_user_config"
 
 
@@ -97,18 +97,21 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None,
     created = time.time()
     tasks = req.tasks
     blobs.check_payloads(owner, tasks)  # S3 references must be the caller's own uploads
-    functions = registry.function_bodies(owner, {t.function_id for t in tasks})
+    # the endpoints named are read with the functions, in one round trip
+    named = {t.endpoint_id for t in tasks if t.endpoint_id} | ({req.endpoint_id} if req.endpoint_id else set())
+    records: dict[str, dict[str, str]] = {}
+    functions = registry.function_bodies(owner, {t.function_id for t in tasks}, endpoints=named, records=records)
     bodies = {fid: f.body for fid, f in functions.items()}
     containers = {fid: f.container for fid, f in functions.items()}
     # each task's endpoint: its own or the batch's, or one its endpoint group's policy picks
-    routing = groups.route(owner, req, containers, {fid: f.tag for fid, f in functions.items()})
+    routing = groups.route(owner, req, containers, {fid: f.tag for fid, f in functions.items()}, records)
     # endpoints that list their allowed functions refuse the others (403), before anything is stored
     allowlist.enforce(zip(routing.endpoints, (t.function_id for t in tasks)), functions, routing.records)
     store = deps.store()
     memo_keys = memo.keys(req, functions)
     cached = memo.hits(store, owner, memo_keys)  # answered from the cache: never queued
-    # who submitted them (the caller's claims, kept for later runs; or the ones kept for the owner)
-    who = submitters.identity(owner, submitter)
+    # who submitted them (the caller's claims, kept for later runs below; or the ones kept for the owner)
+    who = submitters.identity(owner, submitter, keep=False)
 
     key = req.idempotency_key
     submission_id = keyed_ids(owner, key, 1, "submission")[0] if key else new_id()
@@ -121,7 +124,8 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None,
         tag = routing.tags.get(t.function_id)
         if i in cached:
             mk, result = cached[i]
-            hit_rows.append([tid, t.function_id, ep or "", result, mk, tag])
+            hit_rows.append(MemoHitRow(task_id=tid, function_id=t.function_id, endpoint_id=ep or "", result=result,
+                                       memo_key=mk, tag=tag))
             continue
         if ep and i in inputs:  # WAITING for its inputs, sent when they SUCCEEDED (dataflow.py)
             waiting.append(dataflow.waiting_row(
@@ -132,12 +136,13 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None,
             continue
         if ep:
             by_endpoint.setdefault(ep, []).append(i)
-        rows.append([tid, t.function_id, ep, t.max_retries if t.max_retries is not None else req.max_retries,
-                     tag, memo_keys[i]])
+        rows.append(CreateRow(task_id=tid, function_id=t.function_id, endpoint_id=ep,
+                              max_retries=t.max_retries if t.max_retries is not None else req.max_retries,
+                              tag=tag, memo_key=memo_keys[i]))
 
     if hit_rows:
         _, notices = store.create_memo_hits_notify(owner, submission_id, hit_rows, created)
-        push.notify(notices, {r[0]: ("SUCCEEDED", r[3], None, None) for r in hit_rows})
+        push.notify(notices, {r.task_id: ("SUCCEEDED", r.result, None, None) for r in hit_rows})
     record = {"submission_id": submission_id, "owner": owner, "created": created, "task_count": len(task_ids),
               "endpoints": sorted(by_endpoint), "idempotency_key": req.idempotency_key,
               "first_task_id": task_ids[0], "last_task_id": task_ids[-1]}
@@ -150,20 +155,26 @@ def _submit(owner: str, req: SubmitTasks, task_ids: list[str] | None = None,
         if rows:
             store.create(owner, submission_id, rows, created, queued, submission_record=record)
     if routing.refused:  # the group's policy placed them nowhere (followup: fail)
-        push.notify(store.finish([[task_ids[i], "FAILED", None, None, reason, ""]
+        push.notify(store.finish([FinishRow(task_id=task_ids[i], state="FAILED", reason=reason)
                                   for i, reason in routing.refused.items() if i not in cached])[3])
     sent: set[str] = set()
+    sent_to: list[str] = []
     try:
         for ep, indices in by_endpoint.items():
             queue = task_queue(ep, lanes.multi_user(routing.records.get(ep)), who, req.user_config)
             queue.send(list(packs(ep, indices, task_ids, tasks, bodies, containers, routing.tags, functions,
                                     owner=owner, identity=who, user_config=req.user_config)))
             sent.update(task_ids[i] for i in indices)
+            sent_to.append(ep)
+        watch_dead_letters(sent_to)
     except Exception as exc:
+        if sent_to:
+            watch_dead_letters(sent_to)
         if not key:  # nobody can retry these: fail them; with a key the retry sends them
             push.notify(store.fail_unqueued([tid for tid in task_ids if tid not in sent], f"could not be queued: {exc}"))
         raise Unavailable(f"the task queue refused the submission ({type(exc).__name__}); retry with the same "
                           "idempotency key") from exc
+    submitters.remember(owner, submitter)  # for later runs: after the tasks left, its round trip is not theirs
     if waiting:  # after the others are on their way: a graph's first tasks start while its dependents are stored
         dataflow.store_waiting(owner, submission_id, waiting, created)
     if not rows:  # none went through CREATE, which writes it
@@ -176,11 +187,8 @@ def _not_yet_queued(store, rows, by_endpoint, task_ids):
     per endpoint, the tasks still to send (new ones and ones still QUEUED: the earlier
     attempt may have failed before sending them; sending one twice only runs it twice,
     its result is stored once). Tasks that moved on are left alone."""
-    ids = [row[0] for row in rows]  # memo hits are not among them: they are never queued
-    pipe = store.r.pipeline(transaction=False)
-    for tid in ids:
-        pipe.hget(f"t:{tid}", "s")
-    states = pipe.execute()
+    ids = [row.task_id for row in rows]  # memo hits are not among them: they are never queued
+    states = deps.task_fields().states(ids)
     rows = [row for row, s in zip(rows, states) if s is None]
     state_of = dict(zip(ids, states))
     resend = {i for i, tid in enumerate(task_ids) if tid in state_of and state_of[tid] in (None, b"QUEUED")}
@@ -213,6 +221,10 @@ def _status_dict(row, results: bool = True) -> dict[str, Any]:
             d["result_url"] = blobs.result_url(row.result)
     if row.error is not None:
         d["error"] = row.error
+    if ("result" in d or "error" in d) and row.endpoint_id is not None:  # what the SDK checks before decoding
+        d["endpoint_id"] = row.endpoint_id
+        if row.result_by is not None:
+            d["result_by"] = row.result_by
     if row.reason is not None:
         d["reason"] = row.reason
     if row.events is not None:
@@ -236,33 +248,37 @@ def status(owner: str, task_ids: list[str], wait: float, include_events: bool,
     thousands of outstanding tasks costs the service O(finished), not O(outstanding).
     A read marks the final tasks' results retrieved (purged result_ttl later) unless it
     only `peek`s; without `results` the answer leaves out what the functions produced.
+    Tasks purged from the hot store are answered from the durable history, HISTORY_PAGES
+    seconds of task ids a call: the ids beyond are answered as `later` (ask again), never
+    as `unknown`, which names only ids the service does not have.
     """
     store = deps.store()
     ids = list(dict.fromkeys(task_ids))
     deadline = time.monotonic() + wait
     rows: dict[str, Any] = {}
     unknown: list[str] = []
+    later: list[str] = []
 
     def read(some: list[str]) -> dict[str, Any]:
         return store.status(owner, some, include_events, mark_retrieved=not peek)
 
     def answer() -> dict[str, Any]:
         return {"tasks": {tid: _status_dict(row, results) for tid, row in rows.items() if row is not None},
-                "unknown": unknown, "cursor": cursor}
+                "unknown": unknown, "later": later, "cursor": cursor}
 
     if cursor is None or not store.cursor_valid(owner, cursor):
         cursor = store.done_cursor(owner)  # taken before the read: nothing finishing later is missed
         rows = read(ids)
-        unknown = _from_history(owner, rows, include_events)
+        unknown, later = _from_history(owner, rows, include_events)
         known_final = any(r is not None and r.state in FINAL_STATES for r in rows.values())
-        if known_final or wait <= 0 or len(unknown) == len(ids):
+        if known_final or wait <= 0 or later or len(unknown) == len(ids):
             return answer()
     else:
         cursor, done = store.done_since(owner, cursor)
         changed = [tid for tid in ids if tid in done]
         if changed or wait <= 0:
             rows = read(changed)
-            unknown = _from_history(owner, rows, include_events)  # purged since: answered, never dropped
+            unknown, later = _from_history(owner, rows, include_events)  # purged since: answered, never dropped
             return answer()
     wanted = set(ids)
     while True:
@@ -276,12 +292,17 @@ def status(owner: str, task_ids: list[str], wait: float, include_events: bool,
             return answer()
 
 
-def _from_history(owner: str, rows: dict[str, Any], include_events: bool) -> list[str]:
-    """Fill in tasks purged from the hot store from the durable history; return the rest."""
-    unknown = [tid for tid, row in rows.items() if row is None and is_uuid(tid)]
-    for tid, hist in deps.dynamo().get_tasks(owner, unknown[:HISTORY_LOOKUPS]).items():
+def _from_history(owner: str, rows: dict[str, Any], include_events: bool) -> tuple[list[str], list[str]]:
+    """Fill in tasks purged from the hot store from the durable history (HISTORY_PAGES of
+    it); return (unknown, later): the ids neither holds, and those whose pages were left
+    for another call (dropped from `rows`)."""
+    purged = [tid for tid, row in rows.items() if row is None and is_uuid(tid)]
+    found, later = deps.dynamo().get_some_tasks(owner, purged, HISTORY_PAGES) if purged else ({}, [])
+    for tid, hist in found.items():
         rows[tid] = _history_row(hist, include_events)
-    return [tid for tid, row in rows.items() if row is None]
+    for tid in later:
+        del rows[tid]
+    return [tid for tid, row in rows.items() if row is None], later
 
 
 def _history_row(hist: dict[str, Any], include_events: bool) -> HistoryRow:
@@ -308,7 +329,7 @@ def get(owner: str, task_id: str, peek: bool = False) -> TaskInfo:
     if rec["s"] in FINAL_STATES and not peek:
         store.status(owner, [task_id])  # marks it retrieved, so it is purged after the TTL
     return TaskInfo(task_id=task_id, state=rec["s"], result=rec.get("res"), result_url=blobs.result_url(rec.get("res")),
-                    error=rec.get("err"),
+                    error=rec.get("err"), result_by=rec.get("by"),
                     reason=rec.get("why"), stdout=rec.get("so"), stderr=rec.get("se"), retries=int(rec.get("r", 0)), events=parse_events(rec.get("ev")),
                     function_id=rec["f"], endpoint_id=rec["e"], submission_id=rec["sub"], owner=owner,
                     created=float(rec["c"]))

@@ -45,7 +45,24 @@ TTL_DAY_CLASSES = (1, 7, 30)
 
 # --- helpers for the credentialed connector ------------------------------------------------
 
-class _FramesReader(io.RawIOBase):
+class _Positioned(io.RawIOBase):
+    """A seekable file of `size` bytes at `pos` (never before the start)."""
+
+    size = pos = 0
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.pos, 2: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+
+class _FramesReader(_Positioned):
     """A seekable read-only file over a list of buffers, so a multipart upload reads each
     part straight from the encoder's frames (no joined copy of the whole object)."""
 
@@ -59,17 +76,6 @@ class _FramesReader(io.RawIOBase):
 
     def readable(self) -> bool:
         return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self.pos, 2: self.size}[whence]
-        self.pos = max(0, base + offset)
-        return self.pos
 
     def readinto(self, b) -> int:
         out = memoryview(b).cast("B")
@@ -86,27 +92,16 @@ class _FramesReader(io.RawIOBase):
         return n
 
 
-class _BufferWriter(io.RawIOBase):
+class _BufferWriter(_Positioned):
     """A seekable write-only file over a preallocated bytearray (ranged parts land in place)."""
 
     def __init__(self, size: int):
         self.buf = bytearray(size)
         self.view = memoryview(self.buf)
-        self.pos = 0
+        self.size, self.pos = size, 0
 
     def writable(self) -> bool:
         return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self.pos, 2: len(self.buf)}[whence]
-        self.pos = base + offset
-        return self.pos
 
     def write(self, b) -> int:
         data = memoryview(b).cast("B")

@@ -61,3 +61,43 @@ class TaskQueue(ABC):
 
     def close(self) -> None:
         """Release connections."""
+
+
+class WrappedQueue(TaskQueue):
+    """`inner` with every call passed through; a subclass overrides the calls it adds to (the
+    agent's sealed results queue, a lane's queues)."""
+
+    def __init__(self, inner: TaskQueue):
+        super().__init__(inner.name, inner.visibility_timeout, inner.max_deliveries)
+        self.inner = inner
+
+    def ensure(self) -> None:
+        self.inner.ensure()
+
+    def send(self, bodies: list[bytes]) -> list[str]:
+        return self.inner.send(bodies)
+
+    def receive(self, max_messages: int = 10, wait_seconds: float = 0.0,
+                visibility_timeout: float | None = None) -> list[Message]:
+        return self.inner.receive(max_messages, wait_seconds, visibility_timeout)
+
+    def extend(self, receipts: list[str], visibility_timeout: float | None = None) -> None:
+        self.inner.extend(receipts, visibility_timeout)
+
+    def delete(self, receipts: list[str]) -> None:
+        self.inner.delete(receipts)
+
+    def dead_letters(self, max_messages: int = 10) -> list[Message]:
+        return self.inner.dead_letters(max_messages)
+
+    def depth(self) -> int:
+        return self.inner.depth()
+
+    def set_password(self, password: str) -> None:
+        """The Redis queue's new login (a rotated credential); SQS queues have none."""
+        setter = getattr(self.inner, "set_password", None)
+        if setter is not None:
+            setter(password)
+
+    def close(self) -> None:
+        self.inner.close()

@@ -1,0 +1,102 @@
+"""The routing record of a multi-user endpoint, in the router's Redis (keys only the privileged
+process's login reaches), and the audit lines written from it.
+
+A task's route -- which user agent it went to, who submitted it, its function -- is written by
+the privileged process when it routes a pack itself (router.py) or reads one the service put in
+a lane (lane_routes.py); never from what a user agent says. Audit lines take identity, account,
+uid, function and task from the route; the outcome, times and reason of a lane's task come
+from the service's final state (audit_confirm.py): a user agent only reports it, and a
+report that disagrees is logged as a disagreement.
+
+Keys:
+- ROUTES      hash task id -> {"k": user agent key, "i": identity id, "f": function id, "n": name}
+- IDENTITIES  hash identity id -> its claims (id, username, email, identity_provider), as the
+              service sent them with the task
+- AUDITED<id> "<user agent key> <outcome>" once the task's line is written (AUDITED_TTL_S): a
+              copy of a task run again after a kill is recognised, a different outcome is a
+              disagreement (UNCONFIRMED: the route is kept; the confirmed line may follow)
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any, Iterable, Optional
+
+from endpoint_agent.multiuser.audit import AuditLog
+
+ROUTES = "mu:routes"
+IDENTITIES = "mu:identities"
+AUDITED = "mu:audited:"
+AUDITED_TTL_S = 7 * 24 * 3600
+MAX_REASON = 2000  # characters of a user agent's reason kept in a line
+
+
+def route_value(ua_key: str, identity_id: str, function_id: str, name: Optional[str]) -> str:
+    return json.dumps({"k": ua_key, "i": identity_id, "f": function_id, "n": name})
+
+
+def routes_of(r, task_ids: Iterable[str]) -> dict[str, dict]:
+    """The routes of these tasks that exist: task id -> {"k", "i", "f", "n"}."""
+    ids = list(task_ids)
+    if not ids:
+        return {}
+    return {tid: json.loads(raw) for tid, raw in zip(ids, r.hmget(ROUTES, ids)) if raw is not None}
+
+
+def audited_of(r, task_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """task id -> (user agent key, outcome) of those already written."""
+    if not task_ids:
+        return {}
+    pipe = r.pipeline(transaction=False)
+    for tid in task_ids:
+        pipe.get(AUDITED + tid)
+    out = {}
+    for tid, raw in zip(task_ids, pipe.execute()):
+        if raw is not None:
+            key, _, outcome = (raw.decode() if isinstance(raw, bytes) else raw).partition(" ")
+            out[tid] = (key, outcome)
+    return out
+
+
+def claims_of(r, identity_ids: Iterable[str]) -> dict[str, dict]:
+    """identity id -> the claims the service sent (just the id when none were kept)."""
+    ids = sorted(set(identity_ids))
+    raws = r.hmget(IDENTITIES, ids) if ids else []
+    return {i: (json.loads(raw) if raw else {"id": i}) for i, raw in zip(ids, raws)}
+
+
+def times_of(events: Any) -> tuple[Optional[float], Optional[float]]:
+    """(start, end) from [(state, timestamp), ...]; what is not a finite number is ignored."""
+    stamps: dict[str, float] = {}
+    ends = []
+    for e in events or ():
+        if isinstance(e, (list, tuple)) and len(e) == 2 and isinstance(e[0], str) \
+                and isinstance(e[1], (int, float)) and not isinstance(e[1], bool) and math.isfinite(e[1]) \
+                and 0 < e[1] < 1e11:
+            stamps[e[0]] = float(e[1])
+            ends.append(float(e[1]))
+    return stamps.get("RUNNING") or stamps.get("DISPATCHED"), max(ends, default=None)
+
+
+def write_lines(r, audit: AuditLog, ua, items: list[tuple[str, dict, Optional[float], Optional[float], str,
+                                                           Optional[str]]], keep_routes: bool = False) -> int:
+    """One audit line per (task id, route, start, end, outcome, reason): identity, function and
+    task from the route, account and uid from `ua` (the agent the route names); then the task is
+    marked audited and its route removed (kept with `keep_routes`: an UNCONFIRMED line, which a
+    confirmed one may follow). Returns how many lines were written."""
+    if not items:
+        return 0
+    claims = claims_of(r, (route["i"] for _, route, *_ in items))
+    pipe = r.pipeline(transaction=False)
+    for tid, route, start, end, outcome, reason in items:
+        if isinstance(reason, str) and len(reason) > MAX_REASON:
+            reason = reason[:MAX_REASON] + "..."
+        audit.record(identity=claims[route["i"]], account=ua.account.name, uid=ua.account.uid,
+                     function_id=route["f"], function_name=route.get("n"), task_id=tid, start=start,
+                     end=end if end is not None else time.time(), outcome=outcome, reason=reason)
+        pipe.set(AUDITED + tid, f"{ua.key} {outcome}", ex=AUDITED_TTL_S)
+    if not keep_routes:
+        pipe.hdel(ROUTES, *[item[0] for item in items])
+    pipe.execute()
+    return len(items)
