@@ -306,7 +306,8 @@ class Executor(_BaseExecutor):
     @property
     def direct_stats(self) -> dict:
         """Counters of the direct session (sessions, packs, tasks, results, refused, lost,
-        to_service) and whether it is in use; {} when the executor was made without it."""
+        to_service, peak_in_flight: the most tasks the agent held at once) and whether it is
+        in use; {} when the executor was made without it."""
         return self._direct.snapshot() if self._direct is not None else {}
 
     @property

@@ -141,7 +141,7 @@ class DirectChannel(Liveness, threading.Thread):
         """The counters, and whether tasks go direct now (`active`) or why not (`why_not`)."""
         waiting = time.monotonic() < self._retry_at
         counts = dict.fromkeys(("sessions", "session_failures", "packs", "tasks", "results", "refused", "lost",
-                                "settled", "to_service"), 0)
+                                "settled", "to_service", "peak_in_flight"), 0)
         b = self._bridge
         paths = dict(b.counts, path_setup_s=b.setup_s, path_error=b.last_error,
                      relay_bytes=sum(b.traffic()) if b.counts["relayed"] else 0) if b is not None else {}
@@ -277,6 +277,8 @@ class DirectChannel(Liveness, threading.Thread):
             for tid, fut, fid, payload, resends in tasks:
                 self._pending[tid] = (fut, fid, payload, resends)
                 fut.task_id = tid
+            if len(self._pending) > self.stats["peak_in_flight"]:
+                self.stats["peak_in_flight"] = len(self._pending)
         specs, fids, size = [], set(), 0
         for n, (tid, _, fid, payload, _) in enumerate(tasks, 1):
             fn = self._functions[fid]
