@@ -57,6 +57,7 @@ class LightAgent:
         self.data = None  # endpoint_agent.data.plane.EndpointData when the config has a data section
         self.ready = threading.Event()
         self.on_ready = on_ready  # called (on the agent's thread) once it runs
+
     @property
     def state(self) -> str:
         return self.life.state

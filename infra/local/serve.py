@@ -189,8 +189,8 @@ def plan_resources(aws_endpoint: str, steps: StepLog, *, account: str | None = N
     infra/local/standins/sfn/service_env.py) and return the deployment itself, to run beside the
     start of the handlers' environments: (`wait_go`, then) moto's DynamoDB and S3 restored
     from `snapshot_dir` (the last `skyfn local down` saved them; counts into `restored`),
-    then the tables and the results queue (lambdas.bootstrap) and the state machines with
-    their step functions, side by side. All idempotent; the state machines must come out
+    then the tables and the results queue (lambdas.bootstrap); the state machines with their
+    step functions beside both. All idempotent; the state machines must come out
     as announced."""
     from infra.local.standins.sfn.service_env import announce_state_machines, deploy_state_machines
 
@@ -206,11 +206,6 @@ def plan_resources(aws_endpoint: str, steps: StepLog, *, account: str | None = N
             import lambdas.bootstrap  # noqa: F401
         if wait_go is not None:
             wait_go()
-        if snapshot_dir is not None and (snapshot_dir / "tables.json").exists():
-            from infra.local import snapshot
-
-            with steps.step("restore moto's DynamoDB and S3"):
-                (restored if restored is not None else {}).update(snapshot.load(aws_endpoint, snapshot_dir))
         errors: list[BaseException] = []
 
         def run(name: str, fn) -> None:
@@ -220,10 +215,17 @@ def plan_resources(aws_endpoint: str, steps: StepLog, *, account: str | None = N
             except BaseException as exc:  # noqa: BLE001 - raised below, once both have finished
                 errors.append(exc)
 
+        # the state machines need nothing restored: they deploy beside the restore and the tables
         other = threading.Thread(target=run, name="deploy-state-machines", daemon=True, args=(
             "deploy state machines", lambda: deploy_state_machines(aws_endpoint, planned)))
         other.start()
-        run("create tables and queues", ensure_resources)
+        if snapshot_dir is not None and (snapshot_dir / "tables.json").exists():
+            from infra.local import snapshot
+
+            run("restore moto's DynamoDB and S3",
+                lambda: (restored if restored is not None else {}).update(snapshot.load(aws_endpoint, snapshot_dir)))
+        if not errors:
+            run("create tables and queues", ensure_resources)
         other.join()
         if errors:
             raise errors[0]

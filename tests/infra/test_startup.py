@@ -257,3 +257,16 @@ def test_an_idle_fork_server_for_old_variables_is_replaced_and_a_busy_one_kept(m
         assert third.invoke({"names": ["SKYFN_TEST_GENERATION"]}, "f", 10, "r2") == {"SKYFN_TEST_GENERATION": "2"}
     finally:
         third.close()
+
+
+
+def test_the_moto_bridge_gives_every_botocore_session_one_data_loader():
+    """moto makes botocore sessions of its own as it builds services; each used to parse
+    botocore's endpoint and model JSON again. In the bridge's process they share one loader
+    (and its cache); a plain process keeps one per session."""
+    probe = ("import botocore.session as s; a, b = s.Session(), s.Session(); "
+             "print(a.get_component('data_loader') is b.get_component('data_loader'))")
+    shared = "from infra.local.standins.sfn.moto_bridge import share_botocore_data; share_botocore_data(); "
+    outs = [subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+            for code in (probe, shared + probe)]
+    assert [o.stdout.strip() for o in outs] == ["False", "True"], [o.stderr[-500:] for o in outs]
