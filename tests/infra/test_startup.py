@@ -259,7 +259,6 @@ def test_an_idle_fork_server_for_old_variables_is_replaced_and_a_busy_one_kept(m
         third.close()
 
 
-
 def test_the_moto_bridge_gives_every_botocore_session_one_data_loader():
     """moto makes botocore sessions of its own as it builds services; each used to parse
     botocore's endpoint and model JSON again. In the bridge's process they share one loader
