@@ -1,7 +1,7 @@
 """The benchmark gate (issue 37): the figures users feel, each a ratio against a peer or a
 floor measured in the same run, checked against the limits in benchmarks/gate_limits.yaml.
 
-    python -m benchmarks.gate [--json] [--only agent,e2e,...] [--repeat 2] [--accept] [--runs N]
+    python -m benchmarks.gate [--json] [--only agent,e2e,...] [--repeat 2] [--confirm 2] [--accept] [--runs N]
 
 Probes run one after another, each the benchmark a user would run by hand with smaller
 sizes, as its own process (the command is printed, and named again when a figure fails):
@@ -18,9 +18,13 @@ sizes, as its own process (the command is printed, and named again when a figure
 
 Each probe runs `--repeat` times (2 by default) and each figure is the better of its values:
 a slower run is the machine's noise (another process took a core), a regression is slow
-every time. Ratios cancel the machine's speed, so one limits file holds on a slow CI machine and a fast
-laptop alike. A figure past its limit fails the gate (exit 1) with its value, its limit and
-the command that reproduces it. `--accept` writes this run's figures as the accepted ones
+every time. A figure still past its limit is measured again, its probes only, up to
+`--confirm` more times (2 by default) and kept at its best: a loss the code made is past the
+limit in every run, while a slow minute of a shared 2-core machine passes within one or two
+(a 10,000-task batch of the agent lasts 0.1-0.4 s; one stall of another process moves it by
+a third). Ratios cancel the machine's speed, so one limits file holds on a slow CI machine
+and a fast laptop alike. A figure past its limit after that fails the gate (exit 1) with its
+value, its limit and the command that reproduces it. `--accept` writes this run's figures as the accepted ones
 (limits move with them by each figure's tolerance): for a change that makes a figure
 better, in the same commit. `--runs N` runs the whole gate N times and prints each figure's
 spread; with `--calibrate` each figure's median becomes its accepted value and its
@@ -182,6 +186,32 @@ def measure(names: list[str], log, repeat: int = 1, parts: dict | None = None) -
     return best
 
 
+def past_limit(values: dict, limits: dict) -> list[str]:
+    return [r["figure"] for r in check(values, limits) if not r["ok"]]
+
+
+def confirm(values: dict, limits: dict, remeasure: Callable[[list[str], dict], dict], attempts: int, log,
+            parts: dict | None = None) -> dict:
+    """Measure the figures past their limits again (`remeasure(names, parts_out)` -> their
+    values), up to `attempts` times; each keeps its best value (and, into `parts`, the ours
+    and peer figures of that value). Returns the values, updated."""
+    values = dict(values)
+    for attempt in range(1, attempts + 1):
+        failing = past_limit(values, limits)
+        if not failing:
+            break
+        print(f"[gate] past the limit: {', '.join(failing)}; measuring again ({attempt}/{attempts})",
+              file=log, flush=True)
+        fresh_parts: dict = {}
+        for name, v in remeasure(failing, fresh_parts).items():
+            better = max if FIGURES[name].higher_is_better else min
+            if better(values[name], v) != values[name]:
+                values[name] = v
+                if parts is not None and name in fresh_parts:
+                    parts[name] = fresh_parts[name]
+    return values
+
+
 def check(values: dict, limits: dict) -> list[dict]:
     rows = []
     for name, value in values.items():
@@ -251,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--accept", action="store_true", help="write this run's figures as the accepted ones")
     ap.add_argument("--limits", type=Path, default=LIMITS, help=f"the limits file (default {LIMITS.name})")
     ap.add_argument("--repeat", type=int, default=2, help="runs of each probe; a figure is its best (default 2)")
+    ap.add_argument("--confirm", type=int, default=2,
+                    help="measure a figure past its limit again, up to N times, before failing it (default 2)")
     ap.add_argument("--runs", type=int, default=1, help="run the gate N times and print each figure's spread")
     ap.add_argument("--calibrate", action="store_true",
                     help="with --runs N: write each figure's median as accepted and a tolerance from the spread")
@@ -268,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     parts: dict[str, tuple[float, float]] = {}
     for i in range(max(1, args.runs)):
         values = measure(names, sys.stderr, args.repeat, parts)
+        if not (args.accept or args.calibrate):
+            values = confirm(values, limits, lambda failing, out: measure(failing, sys.stderr, 1, out),
+                             args.confirm, sys.stderr, parts)
         runs.append(values)
         if args.runs > 1:
             print(f"[gate] run {i + 1}: {json.dumps(values)}", file=sys.stderr, flush=True)

@@ -81,7 +81,7 @@ def test_accept_moves_accepted_and_limit_by_the_tolerance_and_keeps_the_header(t
 
 def test_a_real_probe_past_its_limit_fails_the_gate_naming_figure_value_limit_and_command(tmp_path):
     p = _limits(tmp_path, agent_tasks_per_s_over_zmq={"accepted": 1000.0, "tolerance": 1.5, "limit": 666.667})
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.gate", "--limits", str(p), "--repeat", "1",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gate", "--limits", str(p), "--repeat", "1", "--confirm", "0",
                            "--only", "agent_tasks_per_s_over_zmq"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -103,3 +103,42 @@ def test_calibrate_takes_the_median_and_a_tolerance_from_the_worst_run(tmp_path)
     assert rows["agent_tasks_per_s_over_htex"] == {"accepted": 50.0, "tolerance": 1.56, "limit": 32.051}
     assert rows["ref_1mib_over_proxystore_redis"] == {"accepted": 1.0, "tolerance": 1.5, "limit": 1.5}
     assert gate.load_limits(p)["figures"] == rows
+
+
+def test_a_figure_past_its_limit_is_measured_again_and_passes_if_a_rerun_is_within():
+    limits = gate.load_limits()
+    thr, lat = "agent_tasks_per_s_over_htex", "agent_rtt_p50_over_htex"
+    thr_lim, lat_lim = limits["figures"][thr]["limit"], limits["figures"][lat]["limit"]
+    reruns = iter([{thr: thr_lim * 0.9}, {thr: thr_lim * 1.1}])  # still past, then within
+    asked: list[list[str]] = []
+
+    def remeasure(names, parts_out):
+        asked.append(names)
+        values = next(reruns)
+        parts_out.update({n: (v, 1.0) for n, v in values.items()})
+        return values
+
+    parts = {thr: (1.0, 1.0)}
+    out = gate.confirm({thr: thr_lim * 0.8, lat: lat_lim * 0.5}, limits, remeasure, 2, sys.stderr, parts)
+    assert asked == [[thr], [thr]]  # only the failing figure, until it passes
+    assert out == {thr: thr_lim * 1.1, lat: lat_lim * 0.5}
+    assert parts[thr] == (thr_lim * 1.1, 1.0)
+
+
+def test_a_figure_past_its_limit_in_every_rerun_still_fails_at_its_best_value():
+    """A loss the code made (the old timer's 11x) is past the limit every time it is measured."""
+    limits = gate.load_limits()
+    lat = "agent_rtt_p50_over_zmq_relay"
+    slow = limits["figures"][lat]["accepted"] * 4.96 / 0.444
+    asked = []
+
+    def remeasure(names, parts_out):
+        asked.append(names)
+        return {lat: slow * (0.9 if len(asked) == 1 else 1.2)}
+
+    out = gate.confirm({lat: slow}, limits, remeasure, 2, sys.stderr)
+    assert len(asked) == 2
+    assert out == {lat: slow * 0.9}  # the best of three, a lower-is-better figure
+    assert gate.past_limit(out, limits) == [lat]
+    assert gate.confirm({lat: slow}, limits, remeasure, 0, sys.stderr) == {lat: slow}
+    assert len(asked) == 2  # --confirm 0 measures nothing again
