@@ -33,7 +33,7 @@ import time
 from typing import Callable, NamedTuple, Optional
 
 from endpoint_agent.multiuser.audit import AuditLog
-from endpoint_agent.multiuser.routes import audited_of, routes_of, write_lines
+from endpoint_agent.multiuser.routes import UNCONFIRMED, audited_of, routes_of, write_lines
 from skyfn.protocol.task_states import MAX_TASK_STATES, UNKNOWN, TaskStateOf
 
 log = logging.getLogger("skyfn.multiuser.audit")
@@ -44,7 +44,6 @@ ASK_EVERY_S = 1.0
 ASK_AGAIN_S = 5.0
 WAIT_S = 120.0
 FINAL = ("SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED")
-UNCONFIRMED = "UNCONFIRMED"
 
 Ask = Callable[[list[str]], dict[str, TaskStateOf]]  # task ids -> the service's answer
 

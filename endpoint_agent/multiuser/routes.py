@@ -19,6 +19,7 @@ Keys:
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from typing import Any, Iterable, Optional
@@ -30,6 +31,9 @@ IDENTITIES = "mu:identities"
 AUDITED = "mu:audited:"
 AUDITED_TTL_S = 7 * 24 * 3600
 MAX_REASON = 2000  # characters of a user agent's reason kept in a line
+UNCONFIRMED = "UNCONFIRMED"  # the outcome of a line a confirmed one may follow (audit_confirm.py)
+
+log = logging.getLogger("skyfn.multiuser.audit")
 
 
 def route_value(ua_key: str, identity_id: str, function_id: str, name: Optional[str]) -> str:
@@ -84,12 +88,19 @@ def write_lines(r, audit: AuditLog, ua, items: list[tuple[str, dict, Optional[fl
     """One audit line per (task id, route, start, end, outcome, reason): identity, function and
     task from the route, account and uid from `ua` (the agent the route names); then the task is
     marked audited and its route removed (kept with `keep_routes`: an UNCONFIRMED line, which a
-    confirmed one may follow). Returns how many lines were written."""
+    confirmed one may follow). A task whose final line is written already gets no second one,
+    whatever path brought it here again (a pack sent again after a kill and run again, a route
+    read again from a lane, a copy read again from the stream): an audit line is once per task.
+    Returns how many lines were written."""
     if not items:
         return 0
-    claims = claims_of(r, (route["i"] for _, route, *_ in items))
+    written = audited_of(r, [item[0] for item in items])
+    fresh = [item for item in items if _may_write(written.get(item[0]), item[4])]
+    if len(fresh) < len(items):
+        log.info("%d task(s) already audited: no second line", len(items) - len(fresh))
+    claims = claims_of(r, (route["i"] for _, route, *_ in fresh))
     pipe = r.pipeline(transaction=False)
-    for tid, route, start, end, outcome, reason in items:
+    for tid, route, start, end, outcome, reason in fresh:
         if isinstance(reason, str) and len(reason) > MAX_REASON:
             reason = reason[:MAX_REASON] + "..."
         audit.record(identity=claims[route["i"]], account=ua.account.name, uid=ua.account.uid,
@@ -99,4 +110,9 @@ def write_lines(r, audit: AuditLog, ua, items: list[tuple[str, dict, Optional[fl
     if not keep_routes:
         pipe.hdel(ROUTES, *[item[0] for item in items])
     pipe.execute()
-    return len(items)
+    return len(fresh)
+
+
+def _may_write(written: Optional[tuple[str, str]], outcome: str) -> bool:
+    """A line may be written where none is, or a final one after an UNCONFIRMED one."""
+    return written is None or (written[1] == UNCONFIRMED and outcome != UNCONFIRMED)

@@ -225,3 +225,39 @@ def test_a_task_not_final_is_asked_again_later_and_holds_back_no_other(redis_url
         assert judge.take(alice, [_copy(ta)]) == 1
         assert judge.confirmer.round() == 1 and service.asked[-1] == [ta]  # bob's are not due again yet
         assert judge.confirmer.waiting() == 3 and judge.confirmer.round() == 0 and len(service.asked) == 2
+
+
+def test_a_task_comes_back_after_its_line_and_gets_no_second_one(redis_url, unique, tmp_path):
+    """What a SIGKILL of the privileged process can leave (the CI run of stop 42 saw one task
+    audited twice): its route made again after the line (a lane read again from its seen mark
+    while the confirmer wrote the line), and the agent's copy read again from a stream not yet
+    trimmed, or the task run again from a pack sent again. One line per task all the same."""
+    from endpoint_agent.multiuser.routes import write_lines
+
+    r = redis.Redis.from_url(redis_url)
+    for key in (PENDING, WAITING):
+        r.delete(key)
+    bob = _Agent(f"bob-{unique}", _Account("bob", 1002))
+    tf, tg = f"tf-{unique}", f"tg-{unique}"
+    route = route_value(bob.key, "bob-id", "f-run", "run")
+    service = _Service()
+    service.states = {tf: TaskStateOf(state="SUCCEEDED", start=1.7e9, end=1.7e9 + 1)}
+    path = tmp_path / "audit.log"
+    with AuditLog(path) as log:
+        judge = CopyJudge(r, log, ask=service.ask)
+        r.hset(ROUTES, tf, route)
+        assert judge.take(bob, [_copy(tf)]) == 1 and judge.confirmer.round() == 1
+        r.hset(ROUTES, tf, route)  # the stale route
+        assert judge.take(bob, [_copy(tf)]) == 1  # fits the record, so it waits ...
+        assert judge.confirmer.round() == 1  # ... and is settled without a line
+        assert r.hget(ROUTES, tf) is None and judge.confirmer.waiting() == 0
+        # the router's own path: the result of a task run again from a pack sent again
+        r.hset(ROUTES, tg, route)
+        item = (tg, json.loads(route), 1.7e9, 1.7e9 + 1, "SUCCEEDED", None)
+        assert write_lines(r, log, bob, [item]) == 1
+        r.hset(ROUTES, tg, route)
+        assert write_lines(r, log, bob, [item]) == 0
+        assert write_lines(r, log, bob, [item[:4] + ("FAILED", "ran again")]) == 0
+        assert r.hget(ROUTES, tg) is None
+    assert [(x["task_id"], x["outcome"]) for x in _lines(path)] == [(tf, "SUCCEEDED"), (tg, "SUCCEEDED")]
+    assert judge.confirmer.confirmed == 1
