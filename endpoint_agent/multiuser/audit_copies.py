@@ -29,7 +29,7 @@ from typing import Any, Optional
 
 from endpoint_agent.multiuser.audit import AuditLog
 from endpoint_agent.multiuser.audit_confirm import Ask, Confirmer
-from endpoint_agent.multiuser.routes import audited_of, routes_of
+from endpoint_agent.multiuser.routes import REFUSED_BY, audited_of, routes_of
 
 log = logging.getLogger("skyfn.multiuser.audit")
 
@@ -105,6 +105,8 @@ class CopyJudge:
             if audited is None:
                 return f"task {tid} was not routed to user agent {ua.key} (an unknown task, or another user's)"
             key, outcome = audited
+            if key == REFUSED_BY:
+                return f"task {tid} was refused by the endpoint and never ran"
             if key != ua.key:
                 return f"task {tid} was routed to another user agent"
             if state == outcome:

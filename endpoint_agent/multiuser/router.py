@@ -53,7 +53,8 @@ from endpoint_agent.multiuser.audit_copies import CopyJudge, parse
 from endpoint_agent.multiuser.configure import MultiUserConfig
 from endpoint_agent.multiuser.errors import TaskRefused
 from endpoint_agent.multiuser.identity import IdentityMapper
-from endpoint_agent.multiuser.routes import IDENTITIES, ROUTES, route_value, routes_of, times_of, write_lines
+from endpoint_agent.multiuser.routes import (IDENTITIES, REFUSED_BY, ROUTES, route_value, routes_of, times_of,
+                                             write_lines, write_unrouted)
 from endpoint_agent.multiuser.templates import UserConfigTemplate
 from endpoint_agent.multiuser.user_agents import ENDPOINT_KEYS, StartRefused, UserAgent, UserAgents
 from endpoint_agent.service.outbox import Outbox
@@ -216,12 +217,11 @@ class Router:
         results = [TaskResult(task_id=t.task_id, state="FAILED", reason=reason, events=[("FAILED", now)])
                    for t in pack.tasks]
         identity = pack.identity.model_dump() if pack.identity is not None else {"id": pack.owner}
-        for t in pack.tasks:
-            meta = pack.function_meta.get(t.function_id) or {}
-            self.audit.record(identity=identity, account=account.name if account else None,
-                              uid=account.uid if account else None, function_id=t.function_id,
-                              function_name=meta.get("name"), task_id=t.task_id, start=None, end=now,
-                              outcome="REFUSED", reason=reason)
+        write_unrouted(self.r, self.audit, REFUSED_BY, [
+            dict(identity=identity, account=account.name if account else None, uid=account.uid if account else None,
+                 function_id=t.function_id, function_name=(pack.function_meta.get(t.function_id) or {}).get("name"),
+                 task_id=t.task_id, start=None, end=now, outcome="REFUSED", reason=reason)
+            for t in pack.tasks])
         body = ResultPack(endpoint_id=self.endpoint_id, results=results).model_dump_json().encode()
         self.outbox.put(bodies=[body])
         ack(receipt)  # on the endpoint's queue the outbox sends the failures first, in order
@@ -389,7 +389,7 @@ class Router:
             if not messages:
                 return
             now = time.time()
-            results = []
+            results, lines = [], []
             for m in messages:
                 try:
                     pack = TaskPack.model_validate_json(m.body)
@@ -399,10 +399,11 @@ class Router:
                 for t in pack.tasks:
                     results.append(TaskResult(task_id=t.task_id, state="FAILED", reason=reason,
                                               events=[("FAILED", now)]))
-                    self.audit.record(identity=identity, account=ua.account.name, uid=ua.account.uid,
+                    lines.append(dict(identity=identity, account=ua.account.name, uid=ua.account.uid,
                                       function_id=t.function_id,
                                       function_name=(pack.function_meta.get(t.function_id) or {}).get("name"),
-                                      task_id=t.task_id, start=None, end=now, outcome="FAILED", reason=reason)
+                                      task_id=t.task_id, start=None, end=now, outcome="FAILED", reason=reason))
+            write_unrouted(self.r, self.audit, ua.key, lines)
             body = ResultPack(endpoint_id=self.endpoint_id, results=results).model_dump_json().encode()
             ids = [r.task_id for r in results]
             self.outbox.put(bodies=[body])

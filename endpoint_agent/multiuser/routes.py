@@ -12,7 +12,8 @@ Keys:
 - ROUTES      hash task id -> {"k": user agent key, "i": identity id, "f": function id, "n": name}
 - IDENTITIES  hash identity id -> its claims (id, username, email, identity_provider), as the
               service sent them with the task
-- AUDITED<id> "<user agent key> <outcome>" once the task's line is written (AUDITED_TTL_S): a
+- AUDITED<id> "<user agent key> <outcome>" once the task's line is written (AUDITED_TTL_S; the
+              key is REFUSED_BY for a refused task): a
               copy of a task run again after a kill is recognised, a different outcome is a
               disagreement (UNCONFIRMED: the route is kept; the confirmed line may follow)
 """
@@ -32,6 +33,7 @@ AUDITED = "mu:audited:"
 AUDITED_TTL_S = 7 * 24 * 3600
 MAX_REASON = 2000  # characters of a user agent's reason kept in a line
 UNCONFIRMED = "UNCONFIRMED"  # the outcome of a line a confirmed one may follow (audit_confirm.py)
+REFUSED_BY = "router"  # the mark's key of a refused task: no user agent had it
 
 log = logging.getLogger("skyfn.multiuser.audit")
 
@@ -109,6 +111,26 @@ def write_lines(r, audit: AuditLog, ua, items: list[tuple[str, dict, Optional[fl
         pipe.set(AUDITED + tid, f"{ua.key} {outcome}", ex=AUDITED_TTL_S)
     if not keep_routes:
         pipe.hdel(ROUTES, *[item[0] for item in items])
+    pipe.execute()
+    return len(fresh)
+
+
+def write_unrouted(r, audit: AuditLog, key: str, records: list[dict]) -> int:
+    """Lines of tasks the router ends without a route (a refused pack, the tasks of an agent
+    that cannot start): each dict is AuditLog.record's keywords. Once per task, as
+    write_lines: a pack sent again after a kill is refused again, not audited again. `key`
+    names who ended them in the mark (the user agent's key, or REFUSED_BY). Returns how many
+    lines were written."""
+    if not records:
+        return 0
+    written = audited_of(r, [rec["task_id"] for rec in records])
+    fresh = [rec for rec in records if _may_write(written.get(rec["task_id"]), rec["outcome"])]
+    if not fresh:
+        return 0
+    pipe = r.pipeline(transaction=False)
+    for rec in fresh:
+        audit.record(**rec)
+        pipe.set(AUDITED + rec["task_id"], f"{key} {rec['outcome']}", ex=AUDITED_TTL_S)
     pipe.execute()
     return len(fresh)
 

@@ -261,3 +261,34 @@ def test_a_task_comes_back_after_its_line_and_gets_no_second_one(redis_url, uniq
         assert r.hget(ROUTES, tg) is None
     assert [(x["task_id"], x["outcome"]) for x in _lines(path)] == [(tf, "SUCCEEDED"), (tg, "SUCCEEDED")]
     assert judge.confirmer.confirmed == 1
+
+
+def test_a_refused_pack_sent_again_is_refused_again_and_audited_once(redis_url, unique, tmp_path):
+    """The router's lines without a route (a refusal, the tasks of an agent that cannot start)
+    are once per task too: a pack whose acknowledgement a kill lost comes back and is refused
+    again, with no second line; a copy claiming a refused task is a disagreement."""
+    from endpoint_agent.multiuser.routes import REFUSED_BY, write_unrouted
+
+    r = redis.Redis.from_url(redis_url)
+    bob = _Agent(f"bob-{unique}", _Account("bob", 1002))
+    tr, tq = f"tr-{unique}", f"tq-{unique}"
+
+    def refusal(tid, outcome="REFUSED", account=None, uid=None):
+        return dict(identity={"id": "bob-id"}, account=account, uid=uid, function_id="f-run", function_name="run",
+                    task_id=tid, start=None, end=1.7e9, outcome=outcome, reason="no mapping for bob-id")
+
+    path = tmp_path / "audit.log"
+    with AuditLog(path) as log:
+        assert write_unrouted(r, log, REFUSED_BY, [refusal(tr)]) == 1
+        assert write_unrouted(r, log, REFUSED_BY, [refusal(tr)]) == 0  # the pack again, after a kill
+        assert write_unrouted(r, log, bob.key, [refusal(tq, "FAILED", "bob", 1002)]) == 1
+        assert write_unrouted(r, log, bob.key, [refusal(tq, "FAILED", "bob", 1002), refusal(tr)]) == 0
+        assert write_unrouted(r, log, bob.key, []) == 0
+        judge = CopyJudge(r, log, ask=_Service().ask)
+        assert judge.take(bob, [_copy(tr)]) == 0
+    lines = _lines(path)
+    assert [(x["task_id"], x["outcome"], x["account"]) for x in lines if "task_id" in x] == [
+        (tr, "REFUSED", None), (tq, "FAILED", "bob")]
+    (claim,) = [x for x in lines if "disagreement" in x]
+    assert claim["disagreement"] == f"task {tr} was refused by the endpoint and never ran"
+    assert r.get(AUDITED + tr).decode() == f"{REFUSED_BY} REFUSED"
