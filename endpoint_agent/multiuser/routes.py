@@ -96,23 +96,14 @@ def write_lines(r, audit: AuditLog, ua, items: list[tuple[str, dict, Optional[fl
     Returns how many lines were written."""
     if not items:
         return 0
-    written = audited_of(r, [item[0] for item in items])
-    fresh = [item for item in items if _may_write(written.get(item[0]), item[4])]
-    if len(fresh) < len(items):
-        log.info("%d task(s) already audited: no second line", len(items) - len(fresh))
-    claims = claims_of(r, (route["i"] for _, route, *_ in fresh))
-    pipe = r.pipeline(transaction=False)
-    for tid, route, start, end, outcome, reason in fresh:
-        if isinstance(reason, str) and len(reason) > MAX_REASON:
-            reason = reason[:MAX_REASON] + "..."
-        audit.record(identity=claims[route["i"]], account=ua.account.name, uid=ua.account.uid,
-                     function_id=route["f"], function_name=route.get("n"), task_id=tid, start=start,
-                     end=end if end is not None else time.time(), outcome=outcome, reason=reason)
-        pipe.set(AUDITED + tid, f"{ua.key} {outcome}", ex=AUDITED_TTL_S)
-    if not keep_routes:
-        pipe.hdel(ROUTES, *[item[0] for item in items])
-    pipe.execute()
-    return len(fresh)
+    claims = claims_of(r, (route["i"] for _, route, *_ in items))
+    records = [dict(identity=claims[route["i"]], account=ua.account.name, uid=ua.account.uid, function_id=route["f"],
+                    function_name=route.get("n"), task_id=tid, start=start,
+                    end=end if end is not None else time.time(), outcome=outcome,
+                    reason=reason[:MAX_REASON] + "..." if isinstance(reason, str) and len(reason) > MAX_REASON
+                    else reason)
+               for tid, route, start, end, outcome, reason in items]
+    return _write_once(r, audit, ua.key, records, forget=() if keep_routes else [item[0] for item in items])
 
 
 def write_unrouted(r, audit: AuditLog, key: str, records: list[dict]) -> int:
@@ -121,16 +112,25 @@ def write_unrouted(r, audit: AuditLog, key: str, records: list[dict]) -> int:
     write_lines: a pack sent again after a kill is refused again, not audited again. `key`
     names who ended them in the mark (the user agent's key, or REFUSED_BY). Returns how many
     lines were written."""
+    return _write_once(r, audit, key, records)
+
+
+def _write_once(r, audit: AuditLog, key: str, records: list[dict], forget: Iterable[str] = ()) -> int:
+    """Write the records (AuditLog.record's keywords) of tasks without a line yet, mark them
+    audited by `key`, and remove the routes of `forget`, in one round trip after the marks' read."""
     if not records:
         return 0
     written = audited_of(r, [rec["task_id"] for rec in records])
     fresh = [rec for rec in records if _may_write(written.get(rec["task_id"]), rec["outcome"])]
-    if not fresh:
-        return 0
+    if len(fresh) < len(records):
+        log.info("%d task(s) already audited: no second line", len(records) - len(fresh))
     pipe = r.pipeline(transaction=False)
     for rec in fresh:
         audit.record(**rec)
         pipe.set(AUDITED + rec["task_id"], f"{key} {rec['outcome']}", ex=AUDITED_TTL_S)
+    forget = list(forget)
+    if forget:
+        pipe.hdel(ROUTES, *forget)
     pipe.execute()
     return len(fresh)
 
